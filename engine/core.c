@@ -35,7 +35,7 @@ int tide_error_wrap(int status, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(prefix, sizeof prefix, fmt, ap);
   va_end(ap);
-  snprintf(old, sizeof old, "%s", tl_msg);
+  snprintf(old, sizeof old, "%.1500s", tl_msg);
   snprintf(tl_msg, sizeof tl_msg, "%.500s: %.1500s", prefix, old);
   tl_status = status;
   return status;

@@ -31,6 +31,12 @@ extern "C" {
 #include "tide/core.h"
 #include "tide/tensor.h"
 #include "tide/linear.h"
+#include "tide/quant.h"
+#include "tide/checkpoint.h"
+#include "tide/attn.h"
+#include "tide/ops.h"
+#include "tide/tokenizer.h"
+#include "tide/sampling.h"
 /* TIDE_CDEF_END */
 
 #ifdef __cplusplus

@@ -68,8 +68,9 @@ local lazy = {
   engine = { "tide.engine", "new" },
   session_load = { "tide.session", "load" },
   attn = { "tide.attn" },
-  kernels = { "tide.kernels" },
-  util = { "tide.util" },
+  ops = { "tide.ops" },
+  quant = { "tide.quant" },
+  chat = { "tide.chat" },
 }
 tide._lazy = lazy
 

@@ -76,7 +76,9 @@ end
 local function compile(src)
   local expr = src:match("^%s*=(.*)$")
   if expr then src = "return " .. expr end
-  local f = loadstring("return " .. src, "=stdin")
+  -- the identity wrapper keeps every value and avoids a tail call, so an
+  -- error raised by the expression still knows its line
+  local f = loadstring("return (function(...) return ... end)(" .. src .. "\n)", "=stdin")
   if f then return f end
   local g, err = loadstring(src, "=stdin")
   if g then return g end
@@ -97,7 +99,11 @@ function M.eval(src)
   if not f then return false, err, incomplete end
   setfenv(f, _G)
   local function pack(...) return select("#", ...), { ... } end
-  local n, r = pack(xpcall(f, function(e) return debug.traceback(tostring(e), 2) end))
+  local n, r = pack(xpcall(f, function(e)
+    local tb = debug.traceback(tostring(e), 2)
+    -- drop the REPL's own frames from the end of the traceback
+    return (tb:gsub("\n%s*%[C%]: in function 'xpcall'.*$", ""))
+  end))
   if not r[1] then return false, r[2], false end
   print_results(n - 1, unpack(r, 2, n))
   return true
