@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <lauxlib.h>
 #include <locale.h>
+#include <poll.h>
 #include <lua.h>
 #include <signal.h>
 #include <stdio.h>
@@ -77,23 +78,41 @@ static char **attempt(const char *text, int start, int end) {
   return rl_completion_matches(text, generator);
 }
 
-/* One character for libedit. Multi-byte UTF-8 sequences are decoded here,
- * because libedit stores whatever this returns as one wide character. */
+/* One byte from the terminal, or -2 after Ctrl-C. The signals are blocked
+ * except inside ppoll(), so a Ctrl-C that lands between the check of the
+ * flag and the wait still wakes the wait. */
 static int read_byte(void) {
+  sigset_t block, orig;
+  sigemptyset(&block);
+  sigaddset(&block, SIGINT);
+  sigaddset(&block, SIGWINCH);
+  sigprocmask(SIG_BLOCK, &block, &orig);
+  int c = EOF;
   for (;;) {
-    unsigned char c;
-    ssize_t n = read(0, &c, 1);
-    if (n == 1) return c;
-    if (n == 0) return EOF;
-    if (errno != EINTR) return EOF;
-    if (interrupted) return -2;
+    if (interrupted) {
+      c = -2;
+      break;
+    }
     if (resized) {
       resized = 0;
       rl_resize_terminal();
     }
+    struct pollfd p = {0, POLLIN, 0};
+    int r = ppoll(&p, 1, NULL, &orig);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) break;
+    unsigned char b;
+    ssize_t n = read(0, &b, 1);
+    if (n == 1) c = b;
+    else if (n < 0 && errno == EINTR) continue;
+    break;
   }
+  sigprocmask(SIG_SETMASK, &orig, NULL);
+  return c;
 }
 
+/* One character for libedit. Multi-byte UTF-8 sequences are decoded here,
+ * because libedit stores whatever this returns as one wide character. */
 static int tide_getc(FILE *f) {
   (void)f;
   int c = read_byte();
@@ -136,8 +155,8 @@ static int l_readline(lua_State *L) {
     luaL_pushresult(&b);
     return 1;
   }
+  /* a Ctrl-C pressed since the last chunk ended cancels this line */
   line_cancelled = 0;
-  interrupted = 0;
   char *s = readline(prompt);
   if (line_cancelled) {
     free(s);
