@@ -82,9 +82,12 @@ end
 -- error with a traceback on stderr) on failure.
 local function run_chunk(chunk, ...)
   _G.tide = require("tide")
-  local ok, err = xpcall(chunk, traceback, ...)
+  local ok, err = xpcall(chunk, function(e)
+    if e == nil then return nil end -- error() with no value: a quiet failure (busted uses it as exit(1))
+    return traceback(e)
+  end, ...)
   if not ok then
-    io.stderr:write("tide: ", tostring(err), "\n")
+    if err ~= nil then io.stderr:write("tide: ", tostring(err), "\n") end
     return 1
   end
   return 0

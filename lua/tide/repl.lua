@@ -94,7 +94,7 @@ function M.compile(src)
   if g then return g end
   -- more input can finish a block, a long string or a long comment, never
   -- a short string
-  local incomplete = err:match("<eof>") ~= nil and not err:match("unfinished string")
+  local incomplete = err:match("'<eof>'$") ~= nil and not err:match("unfinished string")
   return nil, err, incomplete
 end
 
@@ -117,9 +117,9 @@ function M.eval(src, out, le)
   -- defines or calls are still compiled.
   if jit then jit.off(f) end
   if le then le.arm_interrupt(true) end
-  local r = { xpcall(f, traceback) }
+  local function pack(...) return select("#", ...), { ... } end
+  local n, r = pack(xpcall(f, traceback))
   if le then le.arm_interrupt(false) end
-  local n = table.maxn(r)
   if not r[1] then return false, r[2], false end
   if n > 1 then
     local parts = {}
