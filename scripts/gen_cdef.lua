@@ -68,21 +68,21 @@ end
 -- Find `typedef struct|union [tag] { ... } NAME;` and `struct|union tag { ... };`
 -- at the top level and list their members. A parse this cannot follow fails
 -- the build (the generated offsetof() would not compile), never silently.
-local function split_top(body, sepchar)
+local function split_top(src, sepchar)
   -- split on sepchar outside (), [] and {}
-  local parts, depth, cur = {}, 0, {}
-  for ch in body:gmatch(".") do
+  local pieces, depth, cur = {}, 0, {}
+  for ch in src:gmatch(".") do
     if ch == "(" or ch == "[" or ch == "{" then depth = depth + 1
     elseif ch == ")" or ch == "]" or ch == "}" then depth = depth - 1 end
     if ch == sepchar and depth == 0 then
-      parts[#parts + 1] = table.concat(cur)
+      pieces[#pieces + 1] = table.concat(cur)
       cur = {}
     else
       cur[#cur + 1] = ch
     end
   end
-  parts[#parts + 1] = table.concat(cur)
-  return parts
+  pieces[#pieces + 1] = table.concat(cur)
+  return pieces
 end
 
 local function declarator_name(d)
@@ -95,19 +95,19 @@ end
 
 local members_of
 -- members of one struct body: list of {name, flex}
-members_of = function(body, out)
-  for _, decl in ipairs(split_top(body, ";")) do
+members_of = function(struct_body, list)
+  for _, decl in ipairs(split_top(struct_body, ";")) do
     decl = decl:gsub("^%s+", ""):gsub("%s+$", "")
     if decl ~= "" then
       local inner_kw, inner, after = decl:match("^(%a+)[^{]-(%b{})(.*)$")
       if inner_kw == "struct" or inner_kw == "union" then
         after = after:gsub("^%s+", "")
         if after == "" then
-          members_of(inner:sub(2, -2), out)  -- anonymous: its members belong to us
+          members_of(inner:sub(2, -2), list)  -- anonymous: its members belong to us
         else
           for _, d in ipairs(split_top(after, ",")) do
             local name, flex = declarator_name(d)
-            if name then out[#out + 1] = { name = name, flex = flex } end
+            if name then list[#list + 1] = { name = name, flex = flex } end
           end
         end
       elseif not decl:match("^%s*enum%s") or decl:find("[%w_]%s*$") then
@@ -115,13 +115,13 @@ members_of = function(body, out)
         for k, d in ipairs(split_top(decl, ",")) do
           if not d:find(":") then -- bit-fields have no offsetof
             local name, flex = declarator_name(k == 1 and d or (" " .. d))
-            if name then out[#out + 1] = { name = name, flex = flex } end
+            if name then list[#list + 1] = { name = name, flex = flex } end
           end
         end
       end
     end
   end
-  return out
+  return list
 end
 
 local structs = {}
@@ -140,8 +140,8 @@ do
     local _, opens = before:gsub("{", "")
     local _, closes = before:gsub("}", "")
     if lb and opens == closes then
-      local body = cdef:match("^%b{}", lb)
-      local after = cdef:sub(lb + #body)
+      local sbody = cdef:match("^%b{}", lb)
+      local after = cdef:sub(lb + #sbody)
       local name
       if is_typedef then
         name = after:match("^%s*([%a_][%w_]*)%s*;")
@@ -149,9 +149,9 @@ do
         name = kw .. " " .. tag
       end
       if name then
-        structs[#structs + 1] = { name = name, members = members_of(body:sub(2, -2), {}) }
+        structs[#structs + 1] = { name = name, members = members_of(sbody:sub(2, -2), {}) }
       end
-      pos = lb + #body
+      pos = lb + #sbody
     else
       pos = e + 1
     end

@@ -35,7 +35,8 @@ local function dtype_id(d, level)
   if type(d) == "number" and d >= 0 and d < #DTYPES then return d end
   local v = DT[d]
   if not v then
-    error("unknown dtype '" .. tostring(d) .. "' (expected one of " .. table.concat(DTYPES, ", ") .. ")", (level or 2) + 1)
+    error("unknown dtype '" .. tostring(d) .. "' (expected one of " .. table.concat(DTYPES, ", ") .. ")",
+      (level or 2) + 1)
   end
   return v
 end
@@ -228,7 +229,8 @@ function methods:stride(d)
 end
 
 -- A typed pointer to element 0 (e.g. t:ptr("float*")); default from dtype.
-local PTR = { [0] = "float*", "uint16_t*", "uint16_t*", "uint8_t*", "uint8_t*", "uint8_t*", "int8_t*", "uint8_t*", "int32_t*", "int64_t*" }
+local PTR = { [0] = "float*", "uint16_t*", "uint16_t*", "uint8_t*", "uint8_t*", "uint8_t*", "int8_t*", "uint8_t*",
+  "int32_t*", "int64_t*" }
 function methods:ptr(ct) return ffi.cast(ct or PTR[self.dtype], self.data) end
 
 local function norm_dim(t, d, level)
@@ -533,7 +535,7 @@ local function matrix_lines(t, prefix, lines)
   for _, r in ipairs(rsel) do
     if r then for _, c in ipairs(csel) do if c then vals[#vals + 1] = get_at(t, idx(r, c)) end end end
   end
-  local isint = not (t.dtype <= 5)
+  local isint = t.dtype > DT.fp4 -- the integer dtypes follow the float ones
   local f = fmt_for(vals, isint)
   for _, r in ipairs(rsel) do
     if not r then

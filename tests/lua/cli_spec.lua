@@ -146,6 +146,7 @@ return {
     assert.equals(0, rc)
     assert.equals("hello you\nhello you\n", out)
     out, rc = run(env .. q(EXE) .. " hello --times=3 x")
+    assert.equals("hello x\nhello x\nhello x\n", out)
     assert.equals(3, rc)
     out, rc = run(env .. q(EXE) .. " hello --bogus")
     assert.equals(2, rc)
@@ -164,8 +165,9 @@ describe("plain luajit", function()
     local env = "LUA_PATH=" .. q(ROOT .. "/lua/?.lua;" .. ROOT .. "/lua/?/init.lua;;") ..
       " TIDE_LIB=" .. q(BUILD .. "/libtide.so") .. " "
     if os.getenv("TIDE_PRELOAD") then env = env .. "LD_PRELOAD=" .. q(os.getenv("TIDE_PRELOAD")) .. " " end
-    local out, rc = run(env .. "luajit -e " ..
-      q("local tide = require 'tide'; tide.threads(2); print(tide.version, tide.randn({64, 64}):to('bf16'):numel(), tide.matmul(tide.ones(2, 3), tide.ones(3, 2))[1][1])"))
+    local out, rc = run(env .. "luajit -e " .. q("local tide = require 'tide'; tide.threads(2); " ..
+      "print(tide.version, tide.randn({64, 64}):to('bf16'):numel(), " ..
+      "tide.matmul(tide.ones(2, 3), tide.ones(3, 2))[1][1])"))
     assert.equals(0, rc, out)
     assert.equals(tide.version .. "\t4096\t3\n", out)
   end)

@@ -110,7 +110,8 @@ int abi_t_f(const abi_t_a *a);
 ]])
     h:close()
     local cc = os.getenv("CC") or "cc"
-    local cmd = string.format("luajit '%s/scripts/gen_cdef.lua' '%s/abi_t.h' '%s/abi_t.c' && %s -shared -fPIC -I'%s/engine/include' -I'%s' -o '%s/abi_t.so' '%s/abi_t.c'",
+    local cmd = string.format("luajit '%s/scripts/gen_cdef.lua' '%s/abi_t.h' '%s/abi_t.c' && " ..
+      "%s -shared -fPIC -I'%s/engine/include' -I'%s' -o '%s/abi_t.so' '%s/abi_t.c'",
       ROOT, dir, dir, cc, ROOT, dir, dir, dir)
     assert.is_true(os.execute(cmd) == 0, "generate and compile failed: " .. cmd)
     local lib = ffi.load(dir .. "/abi_t.so")

@@ -86,7 +86,7 @@ describe("tensors from Lua", function()
     assert.equals(100, tr[2][2])
     assert.equals(100, r[3][1])
     assert.equals(100, s[2])
-    t, v, s, tr, r, u8 = nil, nil, nil, nil, nil, nil
+    t, v, s, tr, r, u8 = nil, nil, nil, nil, nil, nil -- luacheck: no unused (dropped for the GC)
     assert.equals(before, select(2, live()))
   end)
 
