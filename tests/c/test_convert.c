@@ -273,6 +273,13 @@ static void avx2_matches_reference(void) {
     A->f16_to_f32(fa, h + off, NCODES);
     R->f16_to_f32(fr, h + off, NCODES);
     check_f32("f16_to_f32", fa, fr, NCODES);
+    /* the streaming variants, with the destination at every alignment */
+    A->bf16_to_f32_stream(fa + 3 - off, h + off, NCODES);
+    R->bf16_to_f32(fr, h + off, NCODES);
+    check_f32("bf16_to_f32_stream", fa + 3 - off, fr, NCODES);
+    A->f16_to_f32_stream(fa + 3 - off, h + off, NCODES);
+    R->f16_to_f32(fr, h + off, NCODES);
+    check_f32("f16_to_f32_stream", fa + 3 - off, fr, NCODES);
   }
   /* f32 inputs: each bf16 code with the low half 0, 0x7fff, 0x8000 (tie),
    * 0x8001, 0xffff or random; each f16 code, its midpoints and their
@@ -308,6 +315,8 @@ static void avx2_matches_reference(void) {
     A->f8_to_f32(fa, b + off, 256);
     R->f8_to_f32(fr, b + off, 256);
     check_f32("f8_to_f32", fa, fr, 256);
+    A->f8_to_f32_stream(fa + off, b + off, 256);
+    check_f32("f8_to_f32_stream", fa + off, fr, 256);
   }
   /* awkward lengths: the vector loop plus every tail, and nothing written
    * past the end */
@@ -322,6 +331,20 @@ static void avx2_matches_reference(void) {
     A->f8_to_f32(fa, b + 3, len);
     R->f8_to_f32(fr, b + 3, len);
     check_f32("f8_to_f32 len", fa, fr, 80);
+    for (int i = 0; i < 80; i++) fa[i] = -7.0f;
+    A->f8_to_f32_stream(fa + 1, b + 3, len);
+    check_f32("f8_to_f32_stream len", fa + 1, fr, len);
+    TT_CHECK(fa[0] == -7.0f && fa[len + 1] == -7.0f, "stream wrote outside [1, %lld]", (long long)len);
+    for (int i = 0; i < 80; i++) fa[i] = -7.0f;
+    A->bf16_to_f32_stream(fa + 2, h + 0x3f00, len);
+    R->bf16_to_f32(fr, h + 0x3f00, len);
+    check_f32("bf16_to_f32_stream len", fa + 2, fr, len);
+    TT_CHECK(fa[1] == -7.0f && fa[len + 2] == -7.0f, "stream wrote outside [2, %lld]", (long long)len);
+    for (int i = 0; i < 80; i++) fa[i] = -7.0f;
+    A->f16_to_f32_stream(fa, h + 0x3a00, len);
+    R->f16_to_f32(fr, h + 0x3a00, len);
+    check_f32("f16_to_f32_stream len", fa, fr, len);
+    TT_CHECK(fa[len] == -7.0f, "stream wrote past %lld", (long long)len);
     A->f32_to_bf16(ha, f + 5, len);
     R->f32_to_bf16(hr, f + 5, len);
     check_u16("f32_to_bf16 len", ha, hr, 80, NULL);
@@ -400,6 +423,27 @@ static void convert_agrees_with_strided_copy(void) {
   }
 }
 
+/* Outputs beyond TIDE_CONVERT_STREAM_BYTES take the streaming kernels
+ * inside tide_convert: same values as the reference, to the last element. */
+static void large_conversions_stream(void) {
+  int64_t n = TIDE_CONVERT_STREAM_BYTES / 4 + 12345;
+  uint16_t *h = malloc((size_t)n * 2);
+  uint8_t *b = malloc((size_t)n);
+  float *got = malloc((size_t)n * 4 + 4), *want = malloc((size_t)n * 4);
+  for (int64_t i = 0; i < n; i++) h[i] = (uint16_t)rnd32(), b[i] = (uint8_t)rnd32();
+  static const int src_dt[3] = {TIDE_BF16, TIDE_F16, TIDE_F8E4M3};
+  for (int k = 0; k < 3; k++) {
+    const void *src = src_dt[k] == TIDE_F8E4M3 ? (const void *)b : (const void *)h;
+    TT_OK(tide_convert(got + 1, TIDE_F32, src, src_dt[k], n)); /* dst 4 bytes off alignment */
+    if (src_dt[k] == TIDE_BF16) tide_convert_ref.bf16_to_f32(want, h, n);
+    if (src_dt[k] == TIDE_F16) tide_convert_ref.f16_to_f32(want, h, n);
+    if (src_dt[k] == TIDE_F8E4M3) tide_convert_ref.f8_to_f32(want, b, n);
+    TT_CHECK(!memcmp(got + 1, want, (size_t)n * 4), "large %s -> f32 differs from the reference",
+             tide_dtype_name(src_dt[k]));
+  }
+  free(h), free(b), free(got), free(want);
+}
+
 static void convert_misuse(void) {
   float f[4] = {0};
   uint8_t b[4] = {0};
@@ -416,4 +460,5 @@ static void convert_misuse(void) {
 
 TT_RUN(TT(fp8_all_codes_round_trip), TT(fp8_encode_matches_nearest), TT(e8m0_all_codes_round_trip),
        TT(fp4_all_codes_round_trip), TT(bf16_rules), TT(f16_rules), TT(avx2_matches_reference),
-       TT(dispatch_follows_force_ref), TT(convert_agrees_with_strided_copy), TT(convert_misuse))
+       TT(dispatch_follows_force_ref), TT(convert_agrees_with_strided_copy), TT(large_conversions_stream),
+       TT(convert_misuse))
