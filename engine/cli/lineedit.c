@@ -29,6 +29,7 @@ static volatile sig_atomic_t resized;       /* SIGWINCH seen */
 static volatile sig_atomic_t hook_armed;    /* a chunk is running: raise in it */
 static volatile sig_atomic_t hook_pending;  /* the hook is set and has not fired */
 static int line_cancelled;                  /* the last readline ended by Ctrl-C */
+static int keys_this_line;                  /* characters read since the prompt */
 static lua_State *main_L;
 
 static void free_items(void) {
@@ -116,6 +117,13 @@ static int read_byte(void) {
 static int tide_getc(FILE *f) {
   (void)f;
   int c = read_byte();
+  /* Ctrl-D as the first key ends the input. A Ctrl-D pressed while a chunk
+   * ran (terminal in cooked mode) is kept by Linux as an end-of-file mark
+   * that reads as a NUL byte once libedit switches to raw mode: the user
+   * meant end of input then too. A NUL later in a line is dropped. */
+  while (c == 0 && keys_this_line > 0) c = read_byte();
+  if ((c == 4 || c == 0) && keys_this_line == 0) return EOF;
+  keys_this_line++;
   if (c == -2) {
     /* Ctrl-C: accept the line as it is and mark it cancelled */
     interrupted = 0;
@@ -157,6 +165,7 @@ static int l_readline(lua_State *L) {
   }
   /* a Ctrl-C pressed since the last chunk ended cancels this line */
   line_cancelled = 0;
+  keys_this_line = 0;
   char *s = readline(prompt);
   if (line_cancelled) {
     free(s);
