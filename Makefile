@@ -36,7 +36,7 @@ fuzz: deps
 	@scripts/fuzz.sh $(FUZZ_SECONDS)
 
 lint:
-	@luacheck --quiet lua scripts tests/lua || true
+	@luacheck --quiet --no-color lua scripts tests/lua
 
 clean:
 	@rm -rf $(BUILD) build-asan build-fuzz

@@ -476,6 +476,7 @@ int tide_tensor_reshape(tide_tensor *out, const tide_tensor *src, int ndim, cons
   if (!out) return TIDE_ERR(TIDE_E_INVALID, "NULL out");
   TIDE_CHECK(tide_check_tensor(__func__, "src", src, 0, -1));
   if (ndim < 0 || ndim > TIDE_MAXDIM) return TIDE_ERR(TIDE_E_INVALID, "ndim %d not in 0..4", ndim);
+  if (ndim > 0 && !shape) return TIDE_ERR(TIDE_E_INVALID, "NULL shape");
   if (!tide_tensor_is_contiguous(src))
     return TIDE_ERR(TIDE_E_INVALID, "reshape needs a contiguous tensor (copy it first)");
   int64_t want[TIDE_MAXDIM], n = tide_tensor_numel(src), known = 1;

@@ -120,7 +120,8 @@ static void ref_f8_to_f32(float *d, const uint8_t *s, int64_t n) {
 }
 
 const tide_convert_kernels tide_convert_ref = {ref_bf16_to_f32, ref_f32_to_bf16, ref_f16_to_f32,
-                                               ref_f32_to_f16, ref_f8_to_f32};
+                                               ref_f32_to_f16, ref_f8_to_f32,   ref_bf16_to_f32,
+                                               ref_f16_to_f32, ref_f8_to_f32};
 
 float tide_f8_lut[256];
 static int f8_lut_done;
@@ -212,8 +213,13 @@ static void store_int(void *dst, int dt, int64_t i, int64_t v) {
   }
 }
 
-static void convert_range(void *dst, int ddt, const void *src, int sdt, int64_t s, int64_t n) {
+static void convert_range(void *dst, int ddt, const void *src, int sdt, int64_t s, int64_t n, int stream) {
   const tide_convert_kernels *k = tide_convert_kernels_get();
+  if (stream && ddt == TIDE_F32) {
+    if (sdt == TIDE_BF16) { k->bf16_to_f32_stream((float *)dst + s, (const uint16_t *)src + s, n); return; }
+    if (sdt == TIDE_F16) { k->f16_to_f32_stream((float *)dst + s, (const uint16_t *)src + s, n); return; }
+    if (sdt == TIDE_F8E4M3) { k->f8_to_f32_stream((float *)dst + s, (const uint8_t *)src + s, n); return; }
+  }
   if (ddt == sdt) {
     int bits = tide_dtype_bits(ddt);
     memcpy((uint8_t *)dst + s * bits / 8, (const uint8_t *)src + s * bits / 8, (size_t)(n * bits / 8));
@@ -255,16 +261,17 @@ int tide_convert(void *dst, int ddt, const void *src, int sdt, int64_t n) {
     return TIDE_ERR(TIDE_E_INVALID, "fp4 conversion needs an even count, got %lld", (long long)n);
   const int64_t chunk = 8192;
   if (n < 4 * chunk) {
-    convert_range(dst, ddt, src, sdt, 0, n);
+    convert_range(dst, ddt, src, sdt, 0, n, 0);
     return TIDE_OK;
   }
+  int stream = n * (tide_dtype_bits(ddt) / 8) >= TIDE_CONVERT_STREAM_BYTES;
   int64_t nchunks = (n + chunk - 1) / chunk;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static)
 #endif
   for (int64_t c = 0; c < nchunks; c++) {
     int64_t s = c * chunk, m = n - s < chunk ? n - s : chunk;
-    convert_range(dst, ddt, src, sdt, s, m);
+    convert_range(dst, ddt, src, sdt, s, m, stream);
   }
   return TIDE_OK;
 }

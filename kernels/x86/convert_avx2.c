@@ -74,4 +74,49 @@ static void f8_to_f32(float *d, const uint8_t *s, int64_t n) {
   for (; i < n; i++) d[i] = tide_f8e4m3_to_f32(s[i]);
 }
 
-const tide_convert_kernels tide_convert_avx2 = {bf16_to_f32, f32_to_bf16, f16_to_f32, f32_to_f16, f8_to_f32};
+/* ---- streaming variants: scalar until dst is 32-byte aligned, then whole
+ * vectors with non-temporal stores, then the scalar tail; the fence makes
+ * the stores visible before the caller (or another thread) reads them. ---- */
+static int64_t head_to_align(const float *d, int64_t n) {
+  int64_t h = (int64_t)(((32 - ((uintptr_t)d & 31)) & 31) / 4);
+  if ((uintptr_t)d & 3) h = n; /* not even float-aligned: no vector stores */
+  return h < n ? h : n;
+}
+
+static void bf16_to_f32_stream(float *d, const uint16_t *s, int64_t n) {
+  int64_t i = head_to_align(d, n);
+  bf16_to_f32(d, s, i);
+  for (; i + 16 <= n; i += 16) {
+    __m256i a = _mm256_loadu_si256((const __m256i *)(s + i));
+    __m256i lo = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(a));
+    __m256i hi = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(a, 1));
+    _mm256_stream_ps(d + i, _mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)));
+    _mm256_stream_ps(d + i + 8, _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16)));
+  }
+  _mm_sfence();
+  bf16_to_f32(d + i, s + i, n - i);
+}
+
+static void f16_to_f32_stream(float *d, const uint16_t *s, int64_t n) {
+  int64_t i = head_to_align(d, n);
+  f16_to_f32(d, s, i);
+  for (; i + 8 <= n; i += 8) _mm256_stream_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+  _mm_sfence();
+  f16_to_f32(d + i, s + i, n - i);
+}
+
+static void f8_to_f32_stream(float *d, const uint8_t *s, int64_t n) {
+  int64_t i = head_to_align(d, n);
+  f8_to_f32(d, s, i);
+  for (; i + 16 <= n; i += 16) {
+    __m128i b = _mm_loadu_si128((const __m128i *)(s + i));
+    _mm256_stream_ps(d + i, f8x8(b));
+    _mm256_stream_ps(d + i + 8, f8x8(_mm_srli_si128(b, 8)));
+  }
+  _mm_sfence();
+  f8_to_f32(d + i, s + i, n - i);
+}
+
+const tide_convert_kernels tide_convert_avx2 = {bf16_to_f32,        f32_to_bf16,       f16_to_f32,
+                                                f32_to_f16,         f8_to_f32,         bf16_to_f32_stream,
+                                                f16_to_f32_stream,  f8_to_f32_stream};

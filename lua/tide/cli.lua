@@ -1,7 +1,7 @@
 -- tide.cli: what the `tide` command does with its arguments.
 --   tide                      the REPL
 --   tide FILE.lua [args]      run a script (arg as luajit sets it)
---   tide -e CODE [args]       run a chunk
+--   tide -e CODE [FILE args]  run a chunk (luajit's options -e -l -i -v --)
 --   tide --version | help [cmd]
 --   tide SUBCOMMAND [args]    lua/tide/cli/<SUBCOMMAND>.lua, a module with
 --                             { summary = "...", usage = "...", run = function(argv) }
@@ -43,8 +43,9 @@ end
 local function usage()
   local lines = {
     "usage: tide                      start the interactive REPL",
-    "       tide FILE.lua [args...]   run a Lua script (tide is preloaded)",
-    "       tide -e CODE [args...]    run a Lua chunk",
+    "       tide FILE.lua [args...]   run a Lua script (tide is preloaded; arg as luajit sets it)",
+    "       tide -e CODE [FILE [args...]]  run a chunk (then the script, if any)",
+    "       tide -l MODULE, -i        require MODULE as a global; start the REPL afterwards",
     "       tide --version            print the version",
     "       tide help [COMMAND]       this help, or a command's help",
     "       tide COMMAND [args...]    run a command:",
@@ -58,21 +59,35 @@ local function usage()
 end
 M.usage = usage
 
--- Build the global `arg` the way luajit does: arg[0] = script, arg[1..] the
--- script's arguments, negative indices the interpreter and options.
+-- Build the global `arg` the way luajit does: arg[0] = the script, arg[1..]
+-- its arguments, arg[-1..] the options and the interpreter before it. With
+-- no script (tide -e CODE) arg[0] is nil and everything is negative.
 local function set_arg(argv, script_index)
   local a = {}
-  for i = 0, #argv do a[i - script_index] = argv[i] end
+  for i = 0, table.maxn(argv) do a[i - script_index] = argv[i] end
   _G.arg = a
   return a
 end
 
-local function run_chunk(chunk, name, args)
-  local tide = require("tide")
-  _G.tide = tide
-  local ok, err = xpcall(function() return chunk(unpack(args)) end, debug.traceback)
+local function traceback(e)
+  if type(e) ~= "string" then
+    local ok, pretty = pcall(require, "tide.pretty")
+    e = ok and pretty.format(e) or tostring(e)
+  end
+  -- the frames below the xpcall are tide.cli's own: leave them out
+  return (debug.traceback(e, 2):gsub("\n%s*%[C%]: in function 'xpcall'.*$", ""))
+end
+
+-- Run a loaded chunk with `tide` as a global; 0 on success, 1 (and the
+-- error with a traceback on stderr) on failure.
+local function run_chunk(chunk, ...)
+  _G.tide = require("tide")
+  local ok, err = xpcall(chunk, function(e)
+    if e == nil then return nil end -- error() with no value: a quiet failure (busted uses it as exit(1))
+    return traceback(e)
+  end, ...)
   if not ok then
-    io.stderr:write("tide: ", tostring(err), "\n")
+    if err ~= nil then io.stderr:write("tide: ", tostring(err), "\n") end
     return 1
   end
   return 0
@@ -83,86 +98,127 @@ local function arm()
   if ok then le.arm_interrupt(true) end
 end
 
+local function file_exists(p)
+  local f = io.open(p, "rb")
+  if f then f:close() return true end
+  return false
+end
+
+local function fail(msg, status)
+  io.stderr:write("tide: ", msg, "\n")
+  return status or 1
+end
+
+local function run_command(name, mod, argv)
+  local rest = {}
+  for i = 2, table.maxn(argv) do rest[#rest + 1] = argv[i] end
+  set_arg(argv, 1)
+  arm()
+  local ok, res = xpcall(function() return mod.run(rest) end, function(e)
+    -- errors raised as {tide_user_error = true, msg = ...} (tide.cli.args)
+    -- are user errors: no traceback unless TIDE_DEBUG is set
+    if type(e) == "table" and e.tide_user_error and not os.getenv("TIDE_DEBUG") then return e end
+    return traceback(e)
+  end)
+  if not ok then
+    if type(res) == "table" then
+      io.stderr:write("tide ", name, ": ", tostring(res.msg), "\n")
+      return res.status or 1
+    end
+    io.stderr:write("tide ", name, ": ", tostring(res), "\n")
+    return 1
+  end
+  return tonumber(res) or 0
+end
+
+local function help(name)
+  if name then
+    local mod = load_command(name)
+    if not mod then return fail("no command '" .. name .. "' (try `tide help`)", 2) end
+    print(mod.usage or mod.summary or ("tide " .. name))
+    return 0
+  end
+  print(usage())
+  return 0
+end
+
+local function version()
+  local tide = require("tide")
+  print("tide " .. tide.version .. " (" .. (jit and jit.version or "Lua") .. ", " .. tide.cpu() .. ")")
+  return 0
+end
+
+-- argv[0] is the executable, argv[1..] its arguments (as main() got them).
 function M.main(argv)
   local first = argv[1]
   if first == nil then
     return require("tide.repl").run()
   end
-  if first == "--version" or first == "-v" then
-    local tide = require("tide")
-    print("tide " .. tide.version .. " (" .. (jit and jit.version or "Lua") .. ", " .. tide.cpu() .. ")")
-    return 0
-  end
-  if first == "help" or first == "--help" or first == "-h" then
-    local name = argv[2]
-    if name then
-      local mod = load_command(name)
-      if not mod then
-        io.stderr:write("tide: no command '" .. name .. "'\n" .. usage() .. "\n")
-        return 2
-      end
-      print(mod.usage or mod.summary or ("tide " .. name))
-      return 0
+  if first == "help" then return help(argv[2]) end
+  -- a subcommand, unless a file of that name is meant (`tide ./name`)
+  if not first:match("^%-") and not first:find("/") and not first:match("%.lua$") then
+    local mod = load_command(first)
+    if mod then return run_command(first, mod, argv) end
+    if not file_exists(first) then
+      return fail("unknown command '" .. first .. "' (and no such file)\n" .. usage(), 2)
     end
-    print(usage())
-    return 0
   end
-  if first == "-e" then
-    local code = argv[2]
-    if not code then
-      io.stderr:write("tide: -e needs a chunk of code\n")
-      return 2
+  -- luajit-style options, then an optional script and its arguments
+  local chunks, i, interactive = {}, 1, false
+  while argv[i] ~= nil do
+    local a = argv[i]
+    if a == "-e" or a == "-l" then
+      local v = argv[i + 1]
+      if v == nil then return fail(a .. " needs an argument\n" .. usage(), 2) end
+      chunks[#chunks + 1] = { a, v }
+      i = i + 2
+    elseif a == "-i" then
+      interactive = true
+      i = i + 1
+    elseif a == "-v" or a == "--version" then
+      chunks[#chunks + 1] = { "-v" }
+      i = i + 1
+    elseif a == "-h" or a == "--help" then
+      return help(nil)
+    elseif a == "--" then
+      i = i + 1
+      break
+    elseif a == "-" or a:sub(1, 1) ~= "-" then
+      break
+    else
+      return fail("unknown option '" .. a .. "'\n" .. usage(), 2)
     end
-    set_arg(argv, 2)
-    local chunk, err = loadstring(code, "=(command line)")
-    if not chunk then
-      io.stderr:write("tide: ", err, "\n")
-      return 1
-    end
-    arm()
-    local args = {}
-    for i = 3, #argv do args[#args + 1] = argv[i] end
-    return run_chunk(chunk, "-e", args)
   end
-  if first:match("%.lua$") or first:find("/") or first == "-" then
-    local a = set_arg(argv, 1)
-    local chunk, err
-    if first == "-" then chunk, err = loadstring(io.read("*a"), "=stdin")
-    else chunk, err = loadfile(first) end
-    if not chunk then
-      io.stderr:write("tide: ", tostring(err), "\n")
-      return 1
-    end
-    arm()
-    local args = {}
-    for i = 1, #a do args[i] = a[i] end
-    return run_chunk(chunk, first, args)
-  end
-  local mod = load_command(first)
-  if not mod then
-    io.stderr:write("tide: unknown command or file '" .. first .. "'\n" .. usage() .. "\n")
-    return 2
-  end
-  local rest = {}
-  for i = 2, #argv do rest[#rest + 1] = argv[i] end
-  set_arg(argv, 1)
+  local script = argv[i]
+  set_arg(argv, script and i or table.maxn(argv) + 1)
   arm()
-  local ok, res = xpcall(function() return mod.run(rest) end, function(e)
-    -- errors raised as {usage = true, msg = ...} or plain strings are user
-    -- errors: no traceback unless TIDE_DEBUG is set
-    if type(e) == "table" and e.tide_user_error then return e end
-    if type(e) == "string" and not os.getenv("TIDE_DEBUG") and e:match("^tide") then return { msg = e, tide_user_error = true } end
-    return debug.traceback(e, 2)
-  end)
-  if not ok then
-    if type(res) == "table" then
-      io.stderr:write("tide ", first, ": ", tostring(res.msg), "\n")
-      return res.status or 1
+  for _, c in ipairs(chunks) do
+    if c[1] == "-v" then
+      version()
+    elseif c[1] == "-l" then
+      local ok, err = pcall(function() _G[c[2]] = require(c[2]) end)
+      if not ok then return fail(tostring(err)) end
+    else
+      local chunk, err = loadstring(c[2], "=(command line)")
+      if not chunk then return fail(err) end
+      if run_chunk(chunk) ~= 0 then return 1 end
     end
-    io.stderr:write("tide ", first, ": ", tostring(res), "\n")
-    return 1
   end
-  return tonumber(res) or 0
+  if script then
+    local chunk, err
+    if script == "-" and argv[i - 1] ~= "--" then
+      chunk, err = loadstring(io.read("*a"), "=stdin")
+    else
+      chunk, err = loadfile(script)
+      if not chunk and not file_exists(script) then err = "cannot open " .. script end
+    end
+    if not chunk then return fail(tostring(err)) end
+    local args = {}
+    for k = i + 1, table.maxn(argv) do args[#args + 1] = argv[k] end
+    if run_chunk(chunk, unpack(args, 1, table.maxn(argv) - i)) ~= 0 then return 1 end
+  end
+  if interactive then return require("tide.repl").run() end
+  return 0
 end
 
 return M

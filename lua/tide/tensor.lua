@@ -35,7 +35,8 @@ local function dtype_id(d, level)
   if type(d) == "number" and d >= 0 and d < #DTYPES then return d end
   local v = DT[d]
   if not v then
-    error("unknown dtype '" .. tostring(d) .. "' (expected one of " .. table.concat(DTYPES, ", ") .. ")", (level or 2) + 1)
+    error("unknown dtype '" .. tostring(d) .. "' (expected one of " .. table.concat(DTYPES, ", ") .. ")",
+      (level or 2) + 1)
   end
   return v
 end
@@ -228,7 +229,8 @@ function methods:stride(d)
 end
 
 -- A typed pointer to element 0 (e.g. t:ptr("float*")); default from dtype.
-local PTR = { [0] = "float*", "uint16_t*", "uint16_t*", "uint8_t*", "uint8_t*", "uint8_t*", "int8_t*", "uint8_t*", "int32_t*", "int64_t*" }
+local PTR = { [0] = "float*", "uint16_t*", "uint16_t*", "uint8_t*", "uint8_t*", "uint8_t*", "int8_t*", "uint8_t*",
+  "int32_t*", "int64_t*" }
 function methods:ptr(ct) return ffi.cast(ct or PTR[self.dtype], self.data) end
 
 local function norm_dim(t, d, level)
@@ -459,24 +461,40 @@ function methods:nmse(ref) return methods.compare(self, ref).nmse end
 function methods:max_ulp(ref) return methods.compare(self, ref).max_ulp end
 
 -- ---- printing (torch7 style: elided middle, dtype and shape footer) ----
+-- One format for all the values shown: integers when every finite value
+-- is one, else fixed point, or scientific when magnitudes call for it (the
+-- rule numpy uses: max >= 1e8, min nonzero < 1e-4, or a ratio over 1e3).
+local function special(v, w)
+  local s = v ~= v and "nan" or (v > 0 and "inf" or "-inf")
+  return string.rep(" ", math.max(w - #s, 0)) .. s
+end
 local function fmt_for(vals, isint)
-  local mx = 0
-  local allint = true
+  local mx, mn = 0, math.huge
+  local allint, odd = true, false
   for _, v in ipairs(vals) do
-    if v == v and math.abs(v) ~= math.huge then
-      if math.abs(v) > mx then mx = math.abs(v) end
+    if v ~= v or math.abs(v) == math.huge then
+      odd = true
+    else
+      local a = math.abs(v)
+      if a > mx then mx = a end
+      if a > 0 and a < mn then mn = a end
       if v ~= math.floor(v) then allint = false end
     end
   end
   if isint or (allint and mx < 1e9) then
-    local w = #string.format("%d", mx) + 2
+    local w = math.max(#string.format("%d", mx) + 2, odd and 5 or 0)
+    local f = "%" .. w .. "d"
     return function(v)
-      if v ~= v then return string.rep(" ", w - 3) .. "nan" end
-      return string.format("%" .. w .. "d", v)
+      if v ~= v or math.abs(v) == math.huge then return special(v, w) end
+      return string.format(f, v)
     end
   end
-  local f = (mx >= 1e5 or (mx > 0 and mx < 1e-3)) and "%11.4e" or "%10.4f"
-  return function(v) return string.format(f, v) end
+  local sci = mx >= 1e8 or (mn < math.huge and (mn < 1e-4 or mx / mn > 1e3))
+  local f, w = sci and "%11.4e" or "%10.4f", sci and 11 or 10
+  return function(v)
+    if v ~= v or math.abs(v) == math.huge then return special(v, w) end
+    return string.format(f, v)
+  end
 end
 
 local EDGE = 3
@@ -517,7 +535,7 @@ local function matrix_lines(t, prefix, lines)
   for _, r in ipairs(rsel) do
     if r then for _, c in ipairs(csel) do if c then vals[#vals + 1] = get_at(t, idx(r, c)) end end end
   end
-  local isint = not (t.dtype <= 5)
+  local isint = t.dtype > DT.fp4 -- the integer dtypes follow the float ones
   local f = fmt_for(vals, isint)
   for _, r in ipairs(rsel) do
     if not r then

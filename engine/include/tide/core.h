@@ -21,6 +21,22 @@ const char *tide_version(void);
 /* The FFI declarations of this header, generated at build time. Static. */
 const char *tide_cdef(void);
 
+/* The layout of every struct and union declared in tide.h as this C compiler
+ * lays it out, generated at build time next to the declarations: one row per
+ * struct (field = NULL: size and alignment of the whole) followed by one row
+ * per member (offset and size; bit-fields are left out, a flexible array
+ * member has size -1). The Lua specs compare it with ffi.sizeof, ffi.alignof
+ * and ffi.offsetof, so a struct added to any section header is checked with
+ * no test to write. Static storage; *n gets the number of rows. */
+typedef struct tide_abi_row {
+  const char *type;     /* as the cdef names it: "tide_tensor" or "struct foo" */
+  const char *field;    /* member name, NULL for the row of the whole struct */
+  int64_t offset;       /* offsetof(type, field); 0 for the whole-struct row */
+  int64_t size;         /* sizeof the member or of the struct */
+  int64_t align;        /* alignment of the struct (whole-struct row), else 0 */
+} tide_abi_row;
+const tide_abi_row *tide_abi_layout(int *n);
+
 /* The message of the last failing call on this thread ("" if none): names the
  * function and the offending value, file or tensor. Valid until the next tide
  * call on this thread. */
