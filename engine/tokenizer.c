@@ -210,6 +210,8 @@ typedef struct enc_ctx {
   tok_cache *cache;
   tide_tok_ids *out;
   int flags;
+  void (*piece_cb)(void *ud, const char *p, size_t n); /* tests: see pieces instead of ids */
+  void *piece_ud;
 } enc_ctx;
 
 static int run_pre(enc_ctx *c, int k, const char *p, size_t n, int at_start);
@@ -301,7 +303,13 @@ static int split_stage(enc_ctx *c, int k, pcre2_code *re, int behavior, int inve
 
 static int run_pre(enc_ctx *c, int k, const char *p, size_t n, int at_start) {
   const tide_tokenizer *tok = c->tok;
-  if (k == tok->n_pres) return tok_bpe_word(&tok->bpe, &c->ws->bpe, c->cache, p, n, c->out);
+  if (k == tok->n_pres) {
+    if (c->piece_cb) {
+      c->piece_cb(c->piece_ud, p, n);
+      return TIDE_OK;
+    }
+    return tok_bpe_word(&tok->bpe, &c->ws->bpe, c->cache, p, n, c->out);
+  }
   const tok_pre *pre = &tok->pres[k];
   tok_ws *ws = c->ws;
   switch (pre->kind) {
@@ -444,7 +452,8 @@ static int utf8_repair(const char *s, size_t n, size_t first_bad, char **dst, si
   return TIDE_OK;
 }
 
-int tide_tokenizer_encode(const tide_tokenizer *tok, const char *text, int64_t len, int flags, tide_tok_ids *out) {
+static int encode(const tide_tokenizer *tok, const char *text, int64_t len, int flags, tide_tok_ids *out,
+                  void (*piece_cb)(void *, const char *, size_t), void *ud) {
   if (!tok || !out) return TIDE_ERR(TIDE_E_INVALID, "tokenizer and out must not be NULL");
   if (len < 0 || (!text && len > 0)) return TIDE_ERR(TIDE_E_INVALID, "bad text (len %lld)", (long long)len);
   if (flags & ~(TIDE_TOK_ADD_SPECIAL | TIDE_TOK_SPLIT_SPECIAL | TIDE_TOK_NO_CACHE))
@@ -453,7 +462,8 @@ int tide_tokenizer_encode(const tide_tokenizer *tok, const char *text, int64_t l
   tok_ws priv;
   int is_priv;
   tok_ws *ws = ws_acquire(tok, &priv, &is_priv);
-  enc_ctx c = {tok, ws, (ws->has_cache && !(flags & TIDE_TOK_NO_CACHE)) ? &ws->cache : NULL, out, flags};
+  enc_ctx c = {tok, ws, (ws->has_cache && !(flags & TIDE_TOK_NO_CACHE)) ? &ws->cache : NULL, out, flags,
+               piece_cb, ud};
   int rc = TIDE_OK;
   const char *s = text ? text : "";
   size_t n = (size_t)len;
@@ -478,6 +488,15 @@ int tide_tokenizer_encode(const tide_tokenizer *tok, const char *text, int64_t l
     if (rc == TIDE_E_NOMEM && tide_last_status() != TIDE_E_NOMEM) TIDE_ERR(rc, "out of memory");
   }
   return rc;
+}
+
+int tide_tokenizer_encode(const tide_tokenizer *tok, const char *text, int64_t len, int flags, tide_tok_ids *out) {
+  return encode(tok, text, len, flags, out, NULL, NULL);
+}
+
+int tok_pretokenize(const tide_tokenizer *tok, const char *text, size_t len, int flags,
+                    void (*cb)(void *ud, const char *p, size_t n), void *ud, tide_tok_ids *added) {
+  return encode(tok, text, (int64_t)len, flags, added, cb, ud);
 }
 
 /* ---- decoding ---- */

@@ -232,6 +232,10 @@ struct tide_tokenizer {
   int ws_busy;
 };
 
+/* Run the encode pipeline but hand each final pre-token to cb instead of
+ * BPE (added tokens still land in *added). For tests of the pre-tokenizers. */
+int tok_pretokenize(const tide_tokenizer *tok, const char *text, size_t len, int flags,
+                    void (*cb)(void *ud, const char *p, size_t n), void *ud, tide_tok_ids *added);
 int tok_ws_init(const tide_tokenizer *tok, tok_ws *ws, int with_cache);
 void tok_ws_free(tok_ws *ws);
 /* Apply the normalizers to src[0..n) into a workspace buffer; out and out_n

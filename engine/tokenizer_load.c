@@ -36,7 +36,7 @@ pcre2_code *tok_regex_compile(const char *pat, size_t n, int literal, char *err,
   int ec;
   PCRE2_SIZE eo;
   pcre2_compile_context *cc = pcre2_compile_context_create(tok_pcre_gctx());
-  uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+  uint32_t opts = literal ? (PCRE2_UTF | PCRE2_LITERAL) : (PCRE2_UTF | PCRE2_UCP);
   pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, n, opts, &ec, &eo, cc);
   pcre2_compile_context_free(cc);
   if (!re) {
