@@ -619,6 +619,34 @@ static void added_token_flags(void) {
   tide_tokenizer_free(t);
 }
 
+/* The Metaspace decoder drops the space of the first token only, in whole
+ * decode and in streams, and skipped special tokens do not count as first. */
+static void metaspace_decoder(void) {
+  tide_tokenizer *t = load_json("meta", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"<s>\": 0, \"▁Hey\": 1, \"▁friend\": 2},"
+                                        " \"merges\": []}, \"added_tokens\": [{\"id\": 0, \"content\": \"<s>\", \"special\": true}],"
+                                        " \"decoder\": {\"type\": \"Metaspace\", \"replacement\": \"▁\", \"prepend_scheme\": \"always\"}}");
+  if (!t) return;
+  tide_tok_text txt = {0};
+  int32_t a[3] = {0, 1, 2};
+  TT_OK(tide_tokenizer_decode(t, a, 3, TIDE_TOK_SKIP_SPECIAL, &txt));
+  TT_CHECK(!strcmp(txt.data, "Hey friend"), "skip: '%s'", txt.data);
+  TT_OK(tide_tokenizer_decode(t, a, 3, 0, &txt));
+  TT_CHECK(!strcmp(txt.data, "<s> Hey friend"), "no skip: '%s'", txt.data);
+  tide_tok_streamer *st = NULL;
+  TT_OK(tide_tok_streamer_new(&st, t, TIDE_TOK_SKIP_SPECIAL));
+  char acc[64] = "";
+  for (int i = 0; i < 3; i++) {
+    const char *p;
+    int64_t n;
+    TT_OK(tide_tok_streamer_put(st, a[i], &p, &n));
+    strncat(acc, p, (size_t)n);
+  }
+  TT_CHECK(!strcmp(acc, "Hey friend"), "stream: '%s'", acc);
+  tide_tok_streamer_free(st);
+  tide_tok_text_free(&txt);
+  tide_tokenizer_free(t);
+}
+
 /* ---- bad tokenizer.json files ---- */
 static void bad_files(void) {
   struct { const char *name, *json; int status; const char *frag; } cases[] = {
@@ -696,4 +724,4 @@ static void no_leaks(void) {
 
 TT_RUN(TT(golden_deepseek_v3), TT(golden_llama2), TT(golden_chat_ids), TT(bpe_heap_matches_reference),
        TT(streaming_matches_decode), TT(invalid_utf8_round_trips), TT(special_tokens), TT(split_behaviours),
-       TT(pre_tokenizers_and_normalizers), TT(added_token_flags), TT(bad_files), TT(no_leaks), TT(hundred_megabytes))
+       TT(pre_tokenizers_and_normalizers), TT(added_token_flags), TT(metaspace_decoder), TT(bad_files), TT(no_leaks), TT(hundred_megabytes))
