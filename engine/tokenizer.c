@@ -366,7 +366,11 @@ static int split_added(enc_ctx *c, const tok_trie *trie, const char *s, size_t n
   const tide_tokenizer *tok = c->tok;
   size_t done = 0, i = 0;
   while (i < n) {
-    if (!trie->first[(unsigned char)s[i]]) {
+    if (trie->first_only >= 0) { /* e.g. every special token starts with '<' */
+      const char *hit = memchr(s + i, trie->first_only, n - i);
+      if (!hit) break;
+      i = (size_t)(hit - s);
+    } else if (!trie->first[(unsigned char)s[i]]) {
       i++;
       continue;
     }

@@ -184,6 +184,7 @@ typedef struct tok_trie {
   tok_trie_node *nodes;
   int32_t n, cap;
   uint8_t first[256];        /* 1 if some content starts with this byte */
+  int first_only;            /* the only first byte if there is one, else -1 */
   int n_tokens;
 } tok_trie;
 

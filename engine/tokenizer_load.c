@@ -202,6 +202,13 @@ int tok_trie_add(tok_trie *t, const char *s, size_t n, int token) {
     t->n_tokens++;
   }
   t->first[(uint8_t)s[0]] = 1;
+  int nfirst = 0, last = -1;
+  for (int b = 0; b < 256; b++)
+    if (t->first[b]) {
+      nfirst++;
+      last = b;
+    }
+  t->first_only = nfirst == 1 ? last : -1;
   return TIDE_OK;
 }
 
