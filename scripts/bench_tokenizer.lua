@@ -24,7 +24,8 @@ end
 -- English (Markdown docs) and code (C and Lua sources), interleaved.
 local function corpus(bytes)
   local files = {}
-  local p = io.popen("cd '" .. root .. "' && ls engine/*.c engine/*.h lua/tide/*.lua scripts/*.lua docs/*.md README.md 2>/dev/null")
+  local p = io.popen("cd '" .. root .. "' && ls engine/*.c engine/*.h lua/tide/*.lua scripts/*.lua docs/*.md"
+    .. " README.md 2>/dev/null")
   for f in p:lines() do files[#files + 1] = f end
   p:close()
   table.sort(files)
@@ -128,15 +129,16 @@ do
 end
 
 print(("tokenizer: %s"):format(ffi.string(C.tide_tokenizer_describe(tok))))
-print(("corpus: %.1f MB of English (Markdown) and code (C, Lua) from this repository (%d unique bytes, repeated), %d tokens")
-  :format(nbytes / 1e6, unique, ntok))
+print(("corpus: %.1f MB of English (Markdown) and code (C, Lua) from this repository"
+  .. " (%d unique bytes, repeated), %d tokens"):format(nbytes / 1e6, unique, ntok))
 if js_tokens and js_tokens ~= ntok then
   print(("WARNING: the reference produced %d tokens, tide %d"):format(js_tokens, ntok))
 end
 print("")
 print("| tokenizer (1 thread) | encode MB/s | vs JS reference | decode tokens/s | streaming decode tokens/s |")
 print("|---|---:|---:|---:|---:|")
-print(("| tide (pre-token cache on) | %.1f | %s | %.3g | %.3g |"):format(enc, js and ("%.1fx"):format(enc / js) or "n/a", dec, stream))
+print(("| tide (pre-token cache on) | %.1f | %s | %.3g | %.3g |"):format(enc,
+  js and ("%.1fx"):format(enc / js) or "n/a", dec, stream))
 print(("| tide (cache off) | %.1f | %s | | |"):format(enc_nc, js and ("%.1fx"):format(enc_nc / js) or "n/a"))
 print(("| @lenml/tokenizers (node %s) | %s | 1.0x | | |"):format(
   (io.popen("node --version 2>/dev/null"):read("*l") or "?"), js and ("%.2f"):format(js) or "n/a"))

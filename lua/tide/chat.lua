@@ -62,12 +62,14 @@ local function check_messages(messages, level)
   for i, m in ipairs(messages) do
     if type(m) ~= "table" then error(("messages[%d] must be a table"):format(i), level + 1) end
     if not VALID_ROLE[m.role] then
-      error(("messages[%d].role must be system, user, assistant or tool, got %s"):format(i, tostring(m.role)), level + 1)
+      error(("messages[%d].role must be system, user, assistant or tool, got %s"):format(i, tostring(m.role)),
+        level + 1)
     end
     local has_calls = type(m.tool_calls) == "table" and #m.tool_calls > 0
     if none(m.content) then
       if not (m.role == "assistant" and has_calls) then
-        error(("messages[%d].content is missing (only an assistant turn with tool_calls may omit it)"):format(i), level + 1)
+        error(("messages[%d].content is missing (only an assistant turn with tool_calls may omit it)"):format(i),
+          level + 1)
       end
     elseif type(m.content) ~= "string" then
       error(("messages[%d].content must be a string, got %s"):format(i, type(m.content)), level + 1)
@@ -142,15 +144,16 @@ end
 local function render_v31(messages, bos, gen, thinking)
   local out = { bos, system_prompt(messages) }
   local function w(s) out[#out + 1] = s end
-  local is_first, is_tool, is_last_user = false, false, false
+  local is_tool, is_last_user = false, false
   for _, m in ipairs(messages) do
     local has_calls = type(m.tool_calls) == "table" and #m.tool_calls > 0
     if m.role == "user" then
-      is_tool, is_first, is_last_user = false, false, true
+      is_tool, is_last_user = false, true
       w(USER .. m.content)
     elseif m.role == "assistant" and has_calls then
       if is_last_user then w(ASSISTANT .. UNTHINK) end
-      is_last_user, is_first, is_tool = false, false, false
+      is_last_user, is_tool = false, false
+      local is_first = false
       for _, call in ipairs(m.tool_calls) do
         local f = call["function"]
         local body = CALL_BEGIN .. f.name .. SEP .. f.arguments .. CALL_END
@@ -216,7 +219,9 @@ end
 -- encode(tok, messages, opts) -> ids: render with tok, then encode without
 -- adding special tokens again (the text already starts with BOS).
 function M.encode(tok, messages, opts)
-  if type(tok) ~= "table" or type(tok.encode) ~= "function" then error("encode(tok, messages): tok must be a tide.tokenizer", 2) end
+  if type(tok) ~= "table" or type(tok.encode) ~= "function" then
+    error("encode(tok, messages): tok must be a tide.tokenizer", 2)
+  end
   local o = {}
   for k, v in pairs(opts or {}) do o[k] = v end
   o.tokenizer = tok

@@ -65,7 +65,8 @@ function M.new(path)
   if path == nil then
     path = M.default_path()
     if not path then
-      return nil, "tide.tokenizer: no path given, TIDE_TOKENIZER unset and no tokenizer under build-deps/ (run scripts/deps.sh)"
+      return nil, "tide.tokenizer: no path given, TIDE_TOKENIZER unset and no tokenizer under build-deps/"
+        .. " (run scripts/deps.sh)"
     end
   end
   if type(path) ~= "string" then error("tide.tokenizer(path): path must be a string", 2) end
@@ -214,14 +215,16 @@ function Tokenizer:cache_stats()
   return { hits = tonumber(statbox[0]), misses = tonumber(statbox[1]) }
 end
 
--- Free the C tokenizer now (idempotent). Streamers made from it must not
--- be used afterwards.
+-- Free the C tokenizer and its buffers now (idempotent). Streamers made
+-- from it must not be used afterwards.
 function Tokenizer:close()
   local h = self._h
   if h ~= nil then
     self._h = nil
     ffi.gc(h, nil)
     C.tide_tokenizer_free(h)
+    C.tide_tok_ids_free(self._ids)
+    C.tide_tok_text_free(self._text)
   end
 end
 

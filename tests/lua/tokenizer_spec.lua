@@ -106,7 +106,8 @@ describe("tide.tokenizer", function()
   it("matches added tokens in text, unless split_special_tokens", function()
     local ids = tok:encode("<｜begin▁of▁sentence｜><｜User｜>", { add_special_tokens = false })
     assert.same({ 0, 128803 }, ids)
-    local split = tok:encode("<｜begin▁of▁sentence｜><｜User｜>", { add_special_tokens = false, split_special_tokens = true })
+    local split = tok:encode("<｜begin▁of▁sentence｜><｜User｜>",
+      { add_special_tokens = false, split_special_tokens = true })
     assert.is_true(#split > 2)
     assert.equals(128803, split[#split])
   end)
@@ -181,7 +182,7 @@ describe("tide.tokenizer", function()
     t:close()
     t:close() -- idempotent
     assert.has_error(function() t:encode("x") end, "tokenizer is closed")
-    t, s = nil, nil
+    t = nil
     collectgarbage()
     collectgarbage()
     assert.equals(before, tide.alloc_stats().live_allocs)

@@ -2,7 +2,8 @@
 local args = require("tide.cli.args")
 
 local spec = {
-  tokenizer = { type = "string", meta = "PATH", help = "model dir or tokenizer.json (default $TIDE_TOKENIZER or the DeepSeek-V3 one in build-deps/)" },
+  tokenizer = { type = "string", meta = "PATH",
+    help = "model dir or tokenizer.json (default $TIDE_TOKENIZER or the DeepSeek-V3 one in build-deps/)" },
   ids = { type = "string", meta = "IDS", help = "ids separated by spaces or commas" },
   file = { type = "string", meta = "F", help = "read ids from a file (- = stdin, the default)" },
   skip_special = { type = "boolean", help = "drop special tokens (BOS, EOS, ...)" },

@@ -2,13 +2,15 @@
 local args = require("tide.cli.args")
 
 local spec = {
-  tokenizer = { type = "string", meta = "PATH", help = "model dir or tokenizer.json (default $TIDE_TOKENIZER or the DeepSeek-V3 one in build-deps/)" },
+  tokenizer = { type = "string", meta = "PATH",
+    help = "model dir or tokenizer.json (default $TIDE_TOKENIZER or the DeepSeek-V3 one in build-deps/)" },
   text = { type = "string", meta = "T", help = "the text to encode" },
   file = { type = "string", meta = "F", help = "read the text from a file (- = stdin)" },
   ids = { type = "boolean", help = "print ids on one line, space-separated (the default)" },
   pieces = { type = "boolean", help = "print one token per line: id, tab, vocabulary text (e.g. 'Ġthe')" },
   count = { type = "boolean", help = "print only the number of tokens" },
-  special = { type = "boolean", default = true, help = "add BOS/EOS as the tokenizer config says (--no-special: do not)" },
+  special = { type = "boolean", default = true,
+    help = "add BOS/EOS as the tokenizer config says (--no-special: do not)" },
   split_special = { type = "boolean", help = "encode special tokens found in the text as plain text" },
 }
 
