@@ -4,6 +4,7 @@
  * pre-tokenizer behaviours against Hugging Face's documented examples, and
  * bad input (invalid UTF-8, 100 MB, broken tokenizer.json files). */
 #include <cjson/cJSON.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <sys/stat.h>
 
@@ -702,6 +703,55 @@ static void bad_files(void) {
            (long long)(after.live_allocs - before.live_allocs));
 }
 
+/* ---- threads: one tokenizer shared by concurrent encoders ---- */
+typedef struct thr_arg {
+  const tide_tokenizer *t;
+  const char *text;
+  size_t n;
+  const tide_tok_ids *want;
+  int bad;
+} thr_arg;
+
+static void *thr_encode(void *p) {
+  thr_arg *a = p;
+  tide_tok_ids ids = {0};
+  for (int r = 0; r < 20; r++) {
+    if (tide_tokenizer_encode(a->t, a->text, (int64_t)a->n, 0, &ids) != 0 || ids.n != a->want->n ||
+        memcmp(ids.ids, a->want->ids, (size_t)ids.n * 4))
+      a->bad++;
+  }
+  tide_tok_ids_free(&ids);
+  return NULL;
+}
+
+static void concurrent_encode(void) {
+  tide_tokenizer *t = load_pkg("deepseek_v3");
+  if (!t) return;
+  static const char *texts[4] = {"The quick brown fox jumps over the lazy dog 1234567 times. ",
+                                 "深度求索 — 你好，世界！ 😀👨‍👩‍👧 ", "for (int i = 0; i < n; i++) { x += a[i] * b[i]; }\n",
+                                 "  spaces   and\ttabs\n\n\nand <｜User｜> tokens "};
+  char *buf[4];
+  tide_tok_ids want[4];
+  thr_arg args[4];
+  pthread_t th[4];
+  memset(want, 0, sizeof want);
+  for (int i = 0; i < 4; i++) {
+    size_t l = strlen(texts[i]), n = l * 400;
+    buf[i] = malloc(n);
+    for (size_t k = 0; k < n; k += l) memcpy(buf[i] + k, texts[i], l);
+    TT_OK(tide_tokenizer_encode(t, buf[i], (int64_t)n, TIDE_TOK_NO_CACHE, &want[i]));
+    args[i] = (thr_arg){t, buf[i], n, &want[i], 0};
+  }
+  for (int i = 0; i < 4; i++) pthread_create(&th[i], NULL, thr_encode, &args[i]);
+  for (int i = 0; i < 4; i++) {
+    pthread_join(th[i], NULL);
+    TT_CHECK(args[i].bad == 0, "thread %d: %d of 20 encodes differ from the single-thread result", i, args[i].bad);
+    free(buf[i]);
+    tide_tok_ids_free(&want[i]);
+  }
+  tide_tokenizer_free(t);
+}
+
 static void no_leaks(void) {
   tide_alloc_stats before, after;
   tide_alloc_stats_get(&before);
@@ -724,4 +774,4 @@ static void no_leaks(void) {
 
 TT_RUN(TT(golden_deepseek_v3), TT(golden_llama2), TT(golden_chat_ids), TT(bpe_heap_matches_reference),
        TT(streaming_matches_decode), TT(invalid_utf8_round_trips), TT(special_tokens), TT(split_behaviours),
-       TT(pre_tokenizers_and_normalizers), TT(added_token_flags), TT(metaspace_decoder), TT(bad_files), TT(no_leaks), TT(hundred_megabytes))
+       TT(pre_tokenizers_and_normalizers), TT(added_token_flags), TT(metaspace_decoder), TT(bad_files), TT(concurrent_encode), TT(no_leaks), TT(hundred_megabytes))
