@@ -37,6 +37,7 @@ extern "C" {
 #include "tide/ops.h"
 #include "tide/tokenizer.h"
 #include "tide/sampling.h"
+#include "tide/refmodel.h"
 /* TIDE_CDEF_END */
 
 #ifdef __cplusplus

@@ -263,6 +263,7 @@ static void layer_free(refm_layer *l) {
   tide_xfree(l->iks);
   tide_xfree(l->forced_topk);
   tide_xfree(l->forced_route);
+  tide_xfree(l->last_sel);
 }
 
 void refm_free(refm *m) {
@@ -551,6 +552,16 @@ static int attn_layer(refm *m, int L, const float *x, int64_t p, float *out) {
     }
   }
   m->last_nsel = nsel;
+  if (r == 4) {
+    if (nsel > l->last_sel_cap) {
+      int32_t *q = tide_xrealloc(l->last_sel, (size_t)nsel * sizeof(int32_t));
+      if (!q) return TIDE_E_NOMEM;
+      l->last_sel = q;
+      l->last_sel_cap = nsel;
+    }
+    for (int64_t i = 0; i < nsel; i++) l->last_sel[i] = (int32_t)sel[i];
+    l->last_nsel = nsel;
+  }
   /* 5. attention over window + selected compressed entries, sink in the denominator */
   int64_t w0 = p - c->window + 1 < 0 ? 0 : p - c->window + 1, nw = p - w0 + 1;
   int64_t nk = nw + nsel;
@@ -665,6 +676,8 @@ static int moe_layer(refm *m, int L, const float *x, int64_t id, int64_t p, floa
   for (int64_t i = 0; i < k; i++) {
     m->last_route[i] = (int32_t)ids[i];
     m->last_wts[i] = wts[i];
+    l->last_route[i] = (int32_t)ids[i];
+    l->last_wts[i] = wts[i];
   }
   double *acc = m->dacc;
   for (int64_t i = 0; i < d; i++) acc[i] = 0;
@@ -834,5 +847,57 @@ int refm_forward_token(refm *m, int64_t id, float *logits) {
   rmsnorm(x, d, &m->norm, c->eps, 1);
   if (logits) gemv(&m->head, x, logits, 0);
   m->len = p + 1;
+  return TIDE_OK;
+}
+
+/* ---- forced decisions ---- */
+static int grow_i32(int32_t **p, int64_t *cap, int64_t need, int64_t width) {
+  if (need <= *cap) return TIDE_OK;
+  int64_t nc = *cap ? *cap : 64;
+  while (nc < need) nc *= 2;
+  int32_t *q = tide_xrealloc(*p, (size_t)(nc * width) * sizeof(int32_t));
+  if (!q) return TIDE_E_NOMEM;
+  for (int64_t i = *cap * width; i < nc * width; i++) q[i] = -1;
+  *p = q;
+  *cap = nc;
+  return TIDE_OK;
+}
+
+int refm_force_topk(refm *m, int L, int64_t p, const int32_t *ids, int64_t n) {
+  if (L < 0 || L >= m->cfg.n_layers) return TIDE_ERR(TIDE_E_RANGE, "reference: layer %d out of range", L);
+  if (p < 0 || p >= m->cfg.max_pos) return TIDE_ERR(TIDE_E_RANGE, "reference: position %lld out of range", (long long)p);
+  refm_layer *l = &m->layers[L];
+  int64_t K = m->cfg.index_topk;
+  if (l->ratio != 4) return TIDE_ERR(TIDE_E_INVALID, "reference: layer %d has ratio %d, no indexer selection", L, l->ratio);
+  if (n > K) return TIDE_ERR(TIDE_E_INVALID, "reference: %lld forced entries exceed index_topk %lld", (long long)n, (long long)K);
+  if (n < 0) {
+    if (l->forced_topk && p < l->forced_cap) l->forced_topk[p * (K + 1)] = -1;
+    return TIDE_OK;
+  }
+  for (int64_t i = 0; i < n; i++)
+    if (ids[i] < 0 || ids[i] >= (p + 1) / 4)
+      return TIDE_ERR(TIDE_E_RANGE, "reference: forced entry %d is not visible at position %lld (%lld entries)", ids[i],
+                      (long long)p, (long long)((p + 1) / 4));
+  TIDE_CHECK(grow_i32(&l->forced_topk, &l->forced_cap, p + 1, K + 1));
+  int32_t *row = l->forced_topk + p * (K + 1);
+  row[0] = (int32_t)n;
+  for (int64_t i = 0; i < n; i++) row[1 + i] = ids[i];
+  return TIDE_OK;
+}
+
+int refm_force_route(refm *m, int L, int64_t p, const int32_t *ids) {
+  if (L < 0 || L >= m->cfg.n_layers) return TIDE_ERR(TIDE_E_RANGE, "reference: layer %d out of range", L);
+  if (p < 0 || p >= m->cfg.max_pos) return TIDE_ERR(TIDE_E_RANGE, "reference: position %lld out of range", (long long)p);
+  refm_layer *l = &m->layers[L];
+  int64_t k = m->cfg.topk;
+  if (!ids) {
+    if (l->forced_route && p < l->forced_rcap) l->forced_route[p * k] = -1;
+    return TIDE_OK;
+  }
+  for (int64_t i = 0; i < k; i++)
+    if (ids[i] < 0 || ids[i] >= m->cfg.n_experts)
+      return TIDE_ERR(TIDE_E_RANGE, "reference: forced expert %d out of range (0..%d)", ids[i], m->cfg.n_experts - 1);
+  TIDE_CHECK(grow_i32(&l->forced_route, &l->forced_rcap, p + 1, k));
+  for (int64_t i = 0; i < k; i++) l->forced_route[p * k + i] = ids[i];
   return TIDE_OK;
 }

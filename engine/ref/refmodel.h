@@ -52,6 +52,9 @@ typedef struct refm_layer {
   /* decisions forced by a caller (replaying another implementation's choices) */
   int32_t *forced_topk; int64_t forced_cap;   /* [pos][1 + K]: count then ids; count < 0 = not forced */
   int32_t *forced_route; int64_t forced_rcap; /* [pos][k]; first < 0 = not forced */
+  /* decisions of the last token this layer processed (for dumps and inspection) */
+  int32_t *last_sel; int64_t last_sel_cap, last_nsel; /* C4: compressed entries attended, ascending */
+  int32_t last_route[64]; float last_wts[64];          /* routed experts in slot order, their weights */
 } refm_layer;
 
 typedef int (*refm_getter)(void *ctx, const char *name, tide_tensor *out);
@@ -82,5 +85,9 @@ int refm_forward_token(refm *m, int64_t id, float *logits);
 /* One layer's attention / MoE for the token at position p (per-layer use). */
 int refm_attn(refm *m, int layer, const float *x, int64_t p, float *out);
 int refm_moe(refm *m, int layer, const float *x, int64_t id, int64_t p, float *out);
+/* Force the decisions of layer L at position p (replaying another implementation's choices):
+ * the n compressed entries attention uses (n < 0 clears), or the k routed experts (NULL clears). */
+int refm_force_topk(refm *m, int layer, int64_t p, const int32_t *ids, int64_t n);
+int refm_force_route(refm *m, int layer, int64_t p, const int32_t *ids);
 
 #endif

@@ -1,0 +1,578 @@
+-- tide.model: a loaded model = checkpoint + network wiring (lua/tide/models/)
+-- + paged KV cache + tokenizer, and the step protocol around them.
+--
+--   local m = tide.model("path/to/DeepSeek-V4-Flash", { max_tokens = 256 })
+--   local s = m:sequence()                         -- one timeline in the cache
+--   local logits = m:prefill(s, { 0, 19923, 14 })  -- [vocab] f32 of the last token
+--   local out = m:step{ { seq = s, tokens = { 42 }, logits = "last" } }
+--   m:logits({ 0, 5, 17 }, { mode = "chunked:2" }) -- [T, vocab], a fresh sequence
+--
+-- A step (m:step) runs the flattened tokens of several sequences at once,
+-- prefill chunks and decode tokens mixed: it validates everything first
+-- (token ids, positions, capacity), prepares the cache (all or nothing),
+-- runs the network, and commits; an error anywhere in the network (a bad
+-- edit of the wiring, a hook that raises) aborts the step and leaves every
+-- sequence exactly as it was. Results for a token do not depend on the other
+-- tokens of the step, the chunking, or the thread count (docs/design.md 1).
+local tide = require("tide")
+local tffi = require("tide.ffi")
+local ffi, C, check = tffi.ffi, tffi.C, tffi.check
+
+local M = {}
+local Model = {}
+Model.__index = Model
+M.Model = Model
+local Seq = {}
+Seq.__index = Seq
+M.Sequence = Seq
+
+local TIDE_FULL = 1
+local i32box = ffi.new("int32_t[1]")
+local i32x2 = ffi.new("int32_t[2]")
+
+local SCORING = { sqrtsoftplus = 0, sigmoid = 1, softmax = 2 }
+
+-- Family dispatch: model_type / architectures -> wiring module.
+local FAMILIES = {
+  deepseek_v4 = "tide.models.deepseek_v4",
+  DeepseekV4ForCausalLM = "tide.models.deepseek_v4",
+}
+
+-- Derived config fields the wiring uses: per-layer ratios (0-based, 1/4/128)
+-- and the scoring function's id.
+local function derive(cfg)
+  local ratios = {}
+  local cr = cfg.compress_ratios or {}
+  for L = 0, cfg.num_hidden_layers - 1 do
+    local r = cr[L + 1] or 0
+    ratios[L] = r <= 1 and 1 or r
+  end
+  cfg.ratios = ratios
+  cfg.scoring_id = SCORING[cfg.scoring_func or "sqrtsoftplus"]
+  if cfg.scoring_id == nil then error("unsupported scoring_func '" .. tostring(cfg.scoring_func) .. "'", 0) end
+end
+
+local function family_of(cfg)
+  local mt = cfg.model_type
+  if mt and FAMILIES[mt] then return FAMILIES[mt] end
+  local arch = cfg.architectures
+  if type(arch) == "table" then
+    for _, a in ipairs(arch) do if FAMILIES[a] then return FAMILIES[a] end end
+  end
+  return nil
+end
+
+-- ---------------------------------------------------------------- loading
+-- tide.model(path_or_checkpoint [, opts]) -> model, or nil, err when the
+-- checkpoint cannot be opened. opts:
+--   max_tokens   tokens per step (buffers are sized for it; default 512)
+--   cache        { context = positions per sequence (4096), max_seqs (16),
+--                  seq_budget = sequences at full context the pool holds (4),
+--                  pages, swa_blocks, page_tokens, swa_block, keep_swa_history }
+--   tokenizer    false to skip loading the model directory's tokenizer
+--   prefault     true: touch every weight page up front (progress bar on a tty)
+function M.load(path, opts)
+  opts = opts or {}
+  local ck, err
+  if type(path) == "table" and path.tensor then
+    ck = path
+  else
+    ck, err = require("tide.checkpoint").load(path)
+    if not ck then return nil, err end
+  end
+  local cfg = ck.config
+  if not cfg then return nil, "tide.model: " .. tostring(path) .. " has no config.json" end
+  local fam = family_of(cfg)
+  if not fam then
+    return nil, string.format("tide.model: unsupported architecture %s (model_type %s); tide runs deepseek_v4",
+      type(cfg.architectures) == "table" and table.concat(cfg.architectures, ",") or tostring(cfg.architectures),
+      tostring(cfg.model_type))
+  end
+  local ok, e = pcall(derive, cfg)
+  if not ok then return nil, "tide.model: " .. tostring(e) end
+  if opts.prefault and ck.prefault then ck:prefault() end
+  local net = require(fam).new(ck, opts)
+  local cc, keep = net:cache_config(opts.cache or {})
+  local cbox = ffi.new("tide_kvcache*[1]")
+  local rc = C.tide_kvcache_new(cbox, cc)
+  if rc < 0 then return nil, "tide.model: " .. tffi.last_error() end
+  local cache = ffi.gc(cbox[0], C.tide_kvcache_free)
+  local bbox = ffi.new("tide_batch*[1]")
+  check(C.tide_batch_new(bbox, net.max_tokens))
+  local m = setmetatable({
+    ck = ck, config = cfg, net = net, cache = cache, cache_cfg = cc, _keep = keep,
+    batch = ffi.gc(bbox[0], C.tide_batch_free),
+    vocab_size = net.vocab, max_tokens = net.max_tokens,
+    max_positions = cfg.max_position_embeddings,
+    _seqs = {},          -- live Sequence objects by id (weak values)
+    _reference = nil,    -- nil, "all", or a set of layer indices
+    _ref_err = {},       -- per layer: { attn = {n, sum_sq_err, sum_sq_ref}, moe = ... }
+    _logit_rows = 0,
+    name = ck.path or tostring(path),
+  }, Model)
+  setmetatable(m._seqs, { __mode = "v" })
+  if opts.tokenizer ~= false and type(path) == "string" then
+    local okt, tok = pcall(function() return require("tide.tokenizer").new(path) end)
+    if okt and tok then m.tokenizer = tok end
+  end
+  return m
+end
+
+-- ---------------------------------------------------------------- sequences
+-- A sequence is one timeline in the cache (a request, a conversation branch).
+local function wrap_seq(model, id)
+  local s = setmetatable({ model = model, id = id, _live = true }, Seq)
+  model._seqs[id] = s
+  -- free the cache slot when the object is collected (deferred while a step runs)
+  s._gc = ffi.gc(ffi.new("int32_t[1]", id), function()
+    if s._live then model:_release(id) end
+  end)
+  return s
+end
+
+function Model:_release(id)
+  if self._stepping then
+    self._pending_free = self._pending_free or {}
+    self._pending_free[#self._pending_free + 1] = id
+    return
+  end
+  C.tide_kvcache_seq_free(self.cache, id)
+  if self._refs then self._refs[id] = nil end
+end
+
+-- A new empty sequence, or nil, "no free sequence slot" (a recoverable state).
+function Model:sequence()
+  local rc = C.tide_kvcache_seq_new(self.cache, i32box)
+  if rc == TIDE_FULL then return nil, "no free sequence slot (cache max_seqs)" end
+  check(rc, 2)
+  return wrap_seq(self, i32box[0])
+end
+
+function Seq:len() return tonumber(C.tide_kvcache_seq_len(self.model.cache, self.id)) end
+
+-- An independent branch that continues exactly like this one (cache pages
+-- shared copy-on-write, compressor state copied).
+function Seq:fork()
+  if not self._live then error("fork of a freed sequence", 2) end
+  local rc = C.tide_kvcache_seq_fork(self.model.cache, self.id, i32box)
+  if rc == TIDE_FULL then return nil, "no free sequence slot (cache max_seqs)" end
+  check(rc, 2)
+  local f = wrap_seq(self.model, i32box[0])
+  if self.model._refs and self.model._refs[self.id] then
+    f._noref = true   -- the reference model's dense state cannot be forked
+  end
+  return f
+end
+
+-- Make this sequence an exact copy of `other` (restore a snapshot).
+function Seq:assign(other)
+  check(C.tide_kvcache_seq_assign(self.model.cache, self.id, other.id), 2)
+  return self
+end
+
+-- Cache blocks this sequence holds: swa_blocks, pages.
+function Seq:usage()
+  check(C.tide_kvcache_seq_usage(self.model.cache, self.id, i32x2, i32x2 + 1), 2)
+  return i32x2[0], i32x2[1]
+end
+
+-- Return the sequence's blocks to the pool. Idempotent.
+function Seq:free()
+  if not self._live then return end
+  self._live = false
+  ffi.gc(self._gc, nil)
+  self.model._seqs[self.id] = nil
+  self.model:_release(self.id)
+end
+
+function Model:cache_stats()
+  local st = ffi.new("tide_kvcache_stats")
+  check(C.tide_kvcache_stats_get(self.cache, st), 2)
+  return {
+    swa_blocks = st.swa_blocks, swa_free = st.swa_free, pages = st.pages, pages_free = st.pages_free,
+    max_seqs = st.max_seqs, seqs = st.seqs, bytes = tonumber(st.bytes), page_tokens = st.page_tokens,
+    swa_block = st.swa_block, window = st.window, keep_swa_history = st.keep_swa_history == 1,
+  }
+end
+
+-- ---------------------------------------------------------------- reference
+-- m:use_reference(true | "all")   whole forward through the golden reference
+-- m:use_reference({3, 5})         the attention and MoE of layers 3 and 5
+-- m:use_reference(false)          the fast path only
+-- The reference follows each sequence from position 0 (its dense state), so
+-- switch it on before the sequences you want to measure start. The fast path
+-- still runs (it keeps the cache); per layer, m:reference_report() gives the
+-- fast path's error against the reference on what ran since.
+function Model:use_reference(spec)
+  if spec == false or spec == nil then
+    self._reference = nil
+  elseif spec == true or spec == "all" then
+    self._reference = "all"
+  elseif type(spec) == "table" then
+    local set = {}
+    for _, L in ipairs(spec) do
+      if type(L) ~= "number" or L < 0 or L >= self.net.n_layers then
+        error("use_reference: layer " .. tostring(L) .. " out of range 0.." .. (self.net.n_layers - 1), 2)
+      end
+      set[L] = true
+    end
+    self._reference = set
+  elseif type(spec) == "number" then
+    return self:use_reference({ spec })
+  else
+    error("use_reference(true | false | {layers...})", 2)
+  end
+  self._ref_err = {}
+  return self
+end
+
+function Model:_ref_for(seq)
+  self._refs = self._refs or {}
+  local r = self._refs[seq.id]
+  if r then return r end
+  if seq._noref then error("reference mode: this sequence was forked and has no reference state", 3) end
+  if seq:len() ~= 0 then
+    error("reference mode was switched on after this sequence started; start a new sequence", 3)
+  end
+  local box = ffi.new("tide_refmodel*[1]")
+  check(C.tide_refmodel_new(box, self.ck.handle), 3)
+  r = ffi.gc(box[0], C.tide_refmodel_free)
+  self._refs[seq.id] = r
+  return r
+end
+
+-- Per-layer error of the fast path against the reference since
+-- use_reference, per token NMSE of the sub-layer output:
+-- { [L] = { attn = { tokens =, mean_nmse =, max_nmse = }, moe = {...} } }.
+function Model:reference_report()
+  local out = {}
+  for L, e in pairs(self._ref_err) do
+    out[L] = {}
+    for k, v in pairs(e) do
+      out[L][k] = { tokens = v.n, mean_nmse = v.n > 0 and v.sum / v.n or 0, max_nmse = v.max }
+    end
+  end
+  return out
+end
+
+-- ---------------------------------------------------------------- steps
+local function tokens_of(e)
+  local t = e.tokens
+  if type(t) == "number" then return { t }, 1 end
+  if type(t) ~= "table" then error("step entry needs tokens (a list of ids)", 4) end
+  return t, #t
+end
+
+-- Run one step. entries: array of { seq = Sequence, tokens = {ids...},
+-- logits = "last" | "all" | false (default "last") }; a sequence appears at
+-- most once. Returns an array of logits tensors per entry ([vocab] for
+-- "last", [n, vocab] for "all", nil for false), views valid until the next
+-- step, or nil, message when the cache is full (nothing changed). Bad input
+-- (token id, position, unknown sequence) raises an error, nothing changed.
+function Model:step(entries, opts)
+  opts = opts or {}
+  local net, cache, b = self.net, self.cache, self.batch
+  local vocab, maxpos = self.vocab_size, self.max_positions
+  local T, seen = 0, {}
+  for i, e in ipairs(entries) do
+    local s = e.seq
+    if getmetatable(s) ~= Seq or s.model ~= self then error("step entry " .. i .. ": seq is not a sequence of this model", 2) end
+    if not s._live then error("step entry " .. i .. ": the sequence was freed", 2) end
+    if seen[s.id] then error("step entry " .. i .. ": sequence " .. s.id .. " appears twice in one step", 2) end
+    seen[s.id] = true
+    local toks, n = tokens_of(e)
+    if n == 0 then error("step entry " .. i .. ": no tokens", 2) end
+    for j = 1, n do
+      local id = toks[j]
+      if type(id) ~= "number" or id ~= math.floor(id) or id < 0 or id >= vocab then
+        error(string.format("step entry %d: token id %s at index %d is outside the vocabulary (0..%d)", i,
+          tostring(id), j - 1, vocab - 1), 2)
+      end
+    end
+    local len = s:len()
+    if len + n > maxpos then
+      error(string.format("step entry %d: positions %d..%d go beyond max_position_embeddings (%d)", i, len,
+        len + n - 1, maxpos), 2)
+    end
+    T = T + n
+  end
+  if T == 0 then return {} end
+  if T > self.max_tokens then
+    error(string.format("step of %d tokens exceeds max_tokens (%d): split it", T, self.max_tokens), 2)
+  end
+  -- fill the ids and the batch
+  local st = net:step_views(T)
+  st.cache, st.batch = cache, b
+  local ids = ffi.cast("int32_t*", st.v.ids.data)
+  check(C.tide_batch_clear(b), 2)
+  local t, max_vis4, rows = 0, 0, 0
+  local spans = {}
+  for i, e in ipairs(entries) do
+    local toks, n = tokens_of(e)
+    local len = e.seq:len()
+    for j = 1, n do ids[t + j - 1] = toks[j] end
+    check(C.tide_batch_add(b, e.seq.id, len, n), 2)
+    local vis = math.floor((len + n) / 4)
+    if vis > max_vis4 then max_vis4 = vis end
+    local want = e.logits
+    if want == nil then want = "last" end
+    spans[i] = { first = t, n = n, want = want, pos0 = len }
+    if want == "all" then rows = rows + n elseif want then rows = rows + 1 end
+    t = t + n
+  end
+  st.max_visible4 = max_vis4
+  st.ids = ids
+  st.spans = spans
+  st.entries = entries
+  self:_hooks(st, opts)
+  local rc = C.tide_kvcache_prepare(cache, b)
+  if rc == TIDE_FULL then return nil, "cache full" end
+  check(rc, 2)
+  self._stepping = true
+  local ok, res = xpcall(function()
+    net:forward(st)
+    if self._reference == "all" then self:_reference_logits(st, rows) end
+    return self:_logits(st, rows)
+  end, debug.traceback)
+  if not ok then
+    C.tide_kvcache_abort(cache, b)
+    self._stepping = false
+    self:_flush_frees()
+    error(res, 0)
+  end
+  rc = C.tide_kvcache_commit(cache, b)
+  self._stepping = false
+  self:_flush_frees()
+  if rc < 0 then
+    C.tide_kvcache_abort(cache, b)
+    check(rc, 2)
+  end
+  return res
+end
+
+function Model:_flush_frees()
+  local p = self._pending_free
+  if not p then return end
+  self._pending_free = nil
+  for _, id in ipairs(p) do self:_release(id) end
+end
+
+-- The logits buffer grows to the rows a step asks for (a vocabulary row is
+-- large: 129280 floats), and keeps its size.
+function Model:_logit_buf(rows)
+  if rows > self._logit_rows then
+    self._logits_t = tide.zeros({ rows, self.vocab_size })
+    self._ybuf = tide.zeros({ rows, self.net.d })
+    self._logit_rows = rows
+  end
+  return self._logits_t:narrow(0, 0, rows), self._ybuf:narrow(0, 0, rows)
+end
+
+function Model:_logits(st, rows)
+  local out = {}
+  if rows == 0 then return out end
+  local lg, y = self:_logit_buf(rows)
+  local x = st.v.x
+  local r = 0
+  -- gather the wanted hidden rows (one copy per entry), one LM-head call
+  for _, sp in ipairs(st.spans) do
+    if sp.want == "all" then
+      check(C.tide_tensor_copy(y:narrow(0, r, sp.n), x:narrow(0, sp.first, sp.n)))
+      r = r + sp.n
+    elseif sp.want then
+      check(C.tide_tensor_copy(y:narrow(0, r, 1), x:narrow(0, sp.first + sp.n - 1, 1)))
+      r = r + 1
+    end
+  end
+  self.net:head_logits(lg, y)
+  r = 0
+  for i, sp in ipairs(st.spans) do
+    if sp.want == "all" then
+      out[i] = lg:narrow(0, r, sp.n)
+      r = r + sp.n
+    elseif sp.want then
+      out[i] = lg[r]
+      r = r + 1
+    end
+  end
+  if st.ref_logits then
+    -- reference mode: the reference's rows replace the fast ones
+    r = 0
+    for i, sp in ipairs(st.spans) do
+      local src = st.ref_logits[i]
+      if src then
+        local n = sp.want == "all" and sp.n or 1
+        check(C.tide_tensor_copy(lg:narrow(0, r, n), src))
+        r = r + n
+      end
+    end
+  end
+  return out
+end
+
+-- Whole-model reference: each sequence's reference follows its tokens.
+function Model:_reference_logits(st)
+  st.ref_logits = {}
+  for i, sp in ipairs(st.spans) do
+    local e = st.entries[i]
+    local ref = self:_ref_for(e.seq)
+    local toks = tokens_of(e)
+    local keep = sp.want == "all" and tide.zeros({ sp.n, self.vocab_size })
+      or (sp.want and tide.zeros({ 1, self.vocab_size })) or nil
+    for j = 1, sp.n do
+      local row = nil
+      if keep then
+        if sp.want == "all" then row = keep[j - 1] elseif j == sp.n then row = keep[0] end
+      end
+      check(C.tide_refmodel_step(ref, toks[j], row))
+    end
+    st.ref_logits[i] = keep
+  end
+end
+
+-- Per-layer reference hooks and decision dumps.
+function Model:_hooks(st, opts)
+  local net = self.net
+  if type(self._reference) == "table" then
+    local set, errs = self._reference, self._ref_err
+    local d = net.d
+    local tmp = tide.zeros({ d })
+    local function per_token(l, kind)
+      if not set[l.index] then return end
+      local v = st.v
+      local e = errs[l.index] or {}
+      errs[l.index] = e
+      local acc = e[kind] or { n = 0, sum = 0, max = 0 }
+      e[kind] = acc
+      for i, sp in ipairs(st.spans) do
+        local seq = st.entries[i].seq
+        local ref = self:_ref_for(seq)
+        for j = 0, sp.n - 1 do
+          local t = sp.first + j
+          local xr, ar = v.x[t], v.a[t]
+          if kind == "attn" then
+            check(C.tide_refmodel_attn(ref, l.index, xr, sp.pos0 + j, tmp))
+          else
+            check(C.tide_refmodel_moe(ref, l.index, xr, st.ids[t], sp.pos0 + j, tmp))
+          end
+          local cmp = ar:compare(tmp)
+          acc.n = acc.n + 1
+          acc.sum = acc.sum + cmp.nmse
+          if cmp.nmse > acc.max then acc.max = cmp.nmse end
+          check(C.tide_tensor_copy(ar, tmp))
+        end
+      end
+    end
+    st.ref_attn = function(l) per_token(l, "attn") end
+    st.ref_moe = function(l) per_token(l, "moe") end
+  end
+  if opts.dump_topk then
+    local dump = opts.dump_topk
+    st.on_topk = function(L, topk)
+      local rowsL = dump[L] or {}
+      dump[L] = rowsL
+      local K = self.config.index_topk
+      for i, sp in ipairs(st.spans) do
+        local _ = i
+        for j = 0, sp.n - 1 do
+          local p = sp.pos0 + j
+          local nvis = math.floor((p + 1) / 4)
+          local sel = {}
+          if topk and nvis > K then
+            local row = ffi.cast("int32_t*", topk.data) + (sp.first + j) * K
+            for k = 0, K - 1 do
+              if row[k] >= 0 then sel[#sel + 1] = row[k] end
+            end
+            table.sort(sel)
+          else
+            for k = 0, nvis - 1 do sel[#sel + 1] = k end
+          end
+          rowsL[#rowsL + 1] = sel
+        end
+      end
+    end
+  end
+  if opts.dump_routes then
+    local dump = opts.dump_routes
+    st.on_route = function(L, rids)
+      local rowsL = dump[L] or {}
+      dump[L] = rowsL
+      local k = self.config.num_experts_per_tok
+      local p = ffi.cast("int32_t*", rids.data)
+      for t = 0, st.T - 1 do
+        local sel = {}
+        for i = 0, k - 1 do sel[#sel + 1] = p[t * k + i] end
+        table.sort(sel)
+        rowsL[#rowsL + 1] = sel
+      end
+    end
+  end
+end
+
+-- ---------------------------------------------------------------- conveniences
+-- Feed tokens to a sequence in steps of at most `chunk` (default max_tokens);
+-- returns the last token's logits ([vocab], a view valid until the next step)
+-- and, with opts.all, a Lua list of every position's logits copied out.
+function Model:prefill(seq, tokens, opts)
+  opts = opts or {}
+  local chunk = opts.chunk or self.max_tokens
+  local n = #tokens
+  local last
+  local i = 1
+  while i <= n do
+    local m = math.min(chunk, n - i + 1)
+    local part = {}
+    for j = 1, m do part[j] = tokens[i + j - 1] end
+    local res, err = self:step({ { seq = seq, tokens = part, logits = opts.on_logits and "all" or (i + m > n and "last" or false) } },
+      opts.step)
+    if not res then return nil, err end
+    if opts.on_logits then opts.on_logits(res[1], i - 1) end
+    last = res[1]
+    i = i + m
+  end
+  if opts.on_logits and last then last = last[last:size(0) - 1] end
+  return last
+end
+
+-- Logits of every position of `tokens` in a fresh sequence, as [T, vocab]
+-- f32 (a new tensor). opts.mode: "prefill" (steps of max_tokens),
+-- "decode" (one token per step) or "chunked:N".
+function Model:logits(tokens, opts)
+  opts = opts or {}
+  local mode = opts.mode or "prefill"
+  local chunk
+  if mode == "prefill" then chunk = self.max_tokens
+  elseif mode == "decode" then chunk = 1
+  else
+    chunk = tonumber(tostring(mode):match("^chunked:(%d+)$"))
+    if not chunk or chunk < 1 then error("logits: mode must be prefill, decode or chunked:N, got " .. tostring(mode), 2) end
+  end
+  if chunk > self.max_tokens then error("logits: chunk " .. chunk .. " exceeds max_tokens " .. self.max_tokens, 2) end
+  local T = #tokens
+  local out = tide.zeros({ T, self.vocab_size })
+  local seq, err = self:sequence()
+  if not seq then return nil, err end
+  local ok, e = pcall(function()
+    local done = 0
+    while done < T do
+      local m = math.min(chunk, T - done)
+      local part = {}
+      for j = 1, m do part[j] = tokens[done + j] end
+      local res, ferr = self:step({ { seq = seq, tokens = part, logits = "all" } }, opts.step)
+      if not res then error(ferr, 0) end
+      check(C.tide_tensor_copy(out:narrow(0, done, m), res[1]))
+      done = done + m
+    end
+  end)
+  seq:free()
+  if not ok then error(e, 0) end
+  return out
+end
+
+function Model:close()
+  for _, s in pairs(self._seqs) do s:free() end
+  self._refs = nil
+end
+
+setmetatable(M, { __call = function(_, ...) return M.load(...) end })
+return M
