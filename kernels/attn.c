@@ -115,7 +115,7 @@ int tide_attn_q_prep(tide_tensor *q, const tide_batch *b, tide_rope *rope, float
   const tide_attn_kernels *K = tide_attn_kernels_get();
   int64_t H = q->sizes[1];
   float *qd = q->data;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (b->n >= 4)
   for (int32_t t = 0; t < b->n; t++) {
     float tmp[64];
     K->q_rows(qd + (int64_t)t * H * KV_D, H, tide_rope_row(rope, b->pos[t], tmp), eps);
@@ -130,7 +130,7 @@ int tide_attn_kv_insert(tide_kvcache *c, int32_t layer, const tide_tensor *kv, c
   TIDE_CHECK(check_rows(__func__, "kv", kv, b->n, KV_D));
   const kv_layer *ly = &c->layers[layer];
   int64_t B = c->cfg.swa_block;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (b->n >= 16)
   for (int32_t t = 0; t < b->n; t++) {
     float v[KV_D], tmp[64];
     memcpy(v, (const float *)kv->data + t * kv->strides[0], sizeof v);
@@ -282,7 +282,7 @@ int tide_attn_indexer_q(tide_tensor *q8, tide_tensor *w, const tide_tensor *qi, 
   TIDE_CHECK(check_rows(__func__, "w", w, b->n, nI));
   const float *qd = qi->data;
   uint8_t *o8 = q8->data;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (b->n >= 16)
   for (int32_t t = 0; t < b->n; t++) {
     float tmp[64], v[KV_ID];
     const float *cs = tide_rope_row(rope, b->pos[t], tmp);
@@ -408,7 +408,7 @@ int tide_attn_indexer_topk(tide_kvcache *c, int32_t layer, const tide_tensor *q8
         j += cnt;
       }
     }
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (gn > 1)
     for (int64_t gi = 0; gi < gn; gi++) {
       int32_t t = gt[gi];
       int64_t n = (b->pos[t] + 1) / 4;
@@ -471,7 +471,7 @@ int tide_attn_sparse(tide_tensor *out, const tide_tensor *q, tide_kvcache *c, in
   const float *qd = q->data, *sk = sink->data;
   float *od = out->data, *st = stats ? stats->data : NULL;
   const int32_t *tkd = topk ? topk->data : NULL;
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if ((int64_t)b->n * nhb > 1)
   for (int64_t it = 0; it < (int64_t)b->n * nhb; it++) {
     int32_t t = (int32_t)(it / nhb);
     int64_t h0 = (it % nhb) * hb, nh = H - h0 < hb ? H - h0 : hb;
@@ -517,7 +517,7 @@ int tide_attn_o_unrope(tide_tensor *out, const tide_tensor *in, const tide_batch
   if (out->sizes[1] != H) return TIDE_ERR(TIDE_E_INVALID, "out has %lld heads, in %lld", (long long)out->sizes[1], (long long)H);
   const float *id = in->data;
   float *od = out->data;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (b->n >= 16)
   for (int32_t t = 0; t < b->n; t++) {
     float tmp[64];
     const float *cs = tide_rope_row(rope, b->pos[t], tmp);
