@@ -10,6 +10,9 @@
 #include "ops_kernels.h"
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
+/* fully unroll a loop of constant trip count, so that arrays of vectors
+ * indexed by its counter live in registers */
+#define UNROLL _Pragma("GCC unroll 16")
 
 /* lanes 0..rem-1 set, for masked loads of a tail of rem < 8 floats */
 static const int32_t tail_mask_src[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
@@ -110,28 +113,28 @@ static void scale_row_avx2(float *y, const float *x, float r, const void *w, int
 ALWAYS_INLINE void mix_tile(float *m, int64_t ldm, const float *z, int64_t ldz, const float *fn, int64_t ldf,
                             int64_t n, const int NT, const int NR) {
   __m256 acc[2][8];
-  for (int t = 0; t < NT; t++)
-    for (int r = 0; r < NR; r++) acc[t][r] = _mm256_setzero_ps();
+  UNROLL for (int t = 0; t < NT; t++)
+    UNROLL for (int r = 0; r < NR; r++) acc[t][r] = _mm256_setzero_ps();
   int64_t k = 0;
   for (; k + 8 <= n; k += 8) {
     __m256 zv[2];
-    for (int t = 0; t < NT; t++) zv[t] = _mm256_loadu_ps(z + t * ldz + k);
-    for (int r = 0; r < NR; r++) {
+    UNROLL for (int t = 0; t < NT; t++) zv[t] = _mm256_loadu_ps(z + t * ldz + k);
+    UNROLL for (int r = 0; r < NR; r++) {
       __m256 f = _mm256_loadu_ps(fn + r * ldf + k);
-      for (int t = 0; t < NT; t++) acc[t][r] = _mm256_fmadd_ps(zv[t], f, acc[t][r]);
+      UNROLL for (int t = 0; t < NT; t++) acc[t][r] = _mm256_fmadd_ps(zv[t], f, acc[t][r]);
     }
   }
   if (k < n) {
     __m256i mk = tail_mask(n - k);
     __m256 zv[2];
-    for (int t = 0; t < NT; t++) zv[t] = _mm256_maskload_ps(z + t * ldz + k, mk);
-    for (int r = 0; r < NR; r++) {
+    UNROLL for (int t = 0; t < NT; t++) zv[t] = _mm256_maskload_ps(z + t * ldz + k, mk);
+    UNROLL for (int r = 0; r < NR; r++) {
       __m256 f = _mm256_maskload_ps(fn + r * ldf + k, mk);
-      for (int t = 0; t < NT; t++) acc[t][r] = _mm256_fmadd_ps(zv[t], f, acc[t][r]);
+      UNROLL for (int t = 0; t < NT; t++) acc[t][r] = _mm256_fmadd_ps(zv[t], f, acc[t][r]);
     }
   }
-  for (int t = 0; t < NT; t++)
-    for (int r = 0; r < NR; r++) m[t * ldm + r] = hsum(acc[t][r]);
+  UNROLL for (int t = 0; t < NT; t++)
+    UNROLL for (int r = 0; r < NR; r++) m[t * ldm + r] = hsum(acc[t][r]);
 }
 
 static void mix_2x4(float *m, int64_t ldm, const float *z, int64_t ldz, const float *fn, int64_t ldf, int64_t n) {
@@ -169,16 +172,16 @@ static void mix_avx2(float *m, int64_t ldm, const float *z, int64_t ldz, int nt,
 /* ---- y = sum_i c_i X_i ---- */
 ALWAYS_INLINE void wsum_hc(float *y, const float *X, const float *c, const int hc, int64_t d, int round) {
   __m256 cv[TIDE_HC_MAX];
-  for (int i = 0; i < hc; i++) cv[i] = _mm256_set1_ps(c[i]);
+  UNROLL for (int i = 0; i < hc; i++) cv[i] = _mm256_set1_ps(c[i]);
   int64_t k = 0;
   for (; k + 8 <= d; k += 8) {
     __m256 acc = _mm256_mul_ps(cv[0], _mm256_loadu_ps(X + k));
-    for (int i = 1; i < hc; i++) acc = _mm256_add_ps(acc, _mm256_mul_ps(cv[i], _mm256_loadu_ps(X + i * d + k)));
+    UNROLL for (int i = 1; i < hc; i++) acc = _mm256_add_ps(acc, _mm256_mul_ps(cv[i], _mm256_loadu_ps(X + i * d + k)));
     _mm256_storeu_ps(y + k, round ? round_bf16_ps(acc) : acc);
   }
   for (; k < d; k++) {
     float acc = c[0] * X[k];
-    for (int i = 1; i < hc; i++) acc = acc + c[i] * X[i * d + k];
+    UNROLL for (int i = 1; i < hc; i++) acc = acc + c[i] * X[i * d + k];
     y[k] = round ? tide_round_bf16(acc) : acc;
   }
 }
@@ -202,22 +205,22 @@ ALWAYS_INLINE void post_hc(float *out, const float *a, const float *X, const flo
   for (; k + 8 <= d; k += 8) {
     __m256 xv[TIDE_HC_MAX], res[TIDE_HC_MAX];
     __m256 av = _mm256_loadu_ps(a + k);
-    for (int i = 0; i < hc; i++) xv[i] = _mm256_loadu_ps(X + i * d + k);
-    for (int j = 0; j < hc; j++) {
+    UNROLL for (int i = 0; i < hc; i++) xv[i] = _mm256_loadu_ps(X + i * d + k);
+    UNROLL for (int j = 0; j < hc; j++) {
       __m256 acc = _mm256_mul_ps(_mm256_broadcast_ss(post + j), av);
-      for (int i = 0; i < hc; i++) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_broadcast_ss(comb + i * hc + j), xv[i]));
+      UNROLL for (int i = 0; i < hc; i++) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_broadcast_ss(comb + i * hc + j), xv[i]));
       res[j] = round ? round_bf16_ps(acc) : acc;
     }
-    for (int j = 0; j < hc; j++) _mm256_storeu_ps(out + j * d + k, res[j]);
+    UNROLL for (int j = 0; j < hc; j++) _mm256_storeu_ps(out + j * d + k, res[j]);
   }
   for (; k < d; k++) {
     float col[TIDE_HC_MAX];
-    for (int j = 0; j < hc; j++) {
+    UNROLL for (int j = 0; j < hc; j++) {
       float acc = post[j] * a[k];
-      for (int i = 0; i < hc; i++) acc = acc + comb[i * hc + j] * X[i * d + k];
+      UNROLL for (int i = 0; i < hc; i++) acc = acc + comb[i * hc + j] * X[i * d + k];
       col[j] = round ? tide_round_bf16(acc) : acc;
     }
-    for (int j = 0; j < hc; j++) out[j * d + k] = col[j];
+    UNROLL for (int j = 0; j < hc; j++) out[j * d + k] = col[j];
   }
 }
 
