@@ -96,10 +96,22 @@ function Engine:_footprint(n)
   return pages, swa
 end
 
+-- A sampler from what a request gives: a sampler object, a file path, an
+-- options table with llama.cpp's names (temp, top_k, ...), or nil (defaults).
+function M.sampler_of(x, model)
+  local sampling = require("tide.sampling")
+  if x == nil then return sampling.from_options({}, { tokenizer = model.tokenizer }) end
+  if type(x) == "string" then return sampling.load(x) end
+  if type(x) == "table" and x.new_state then return x end
+  if type(x) == "table" then return sampling.from_options(x, { tokenizer = model.tokenizer }) end
+  return nil, "sampler must be a sampler, a file path or an options table"
+end
+
 -- eng:submit{ prompt = TEXT | tokens = {ids}, max_tokens = N (default 128),
 --   sampler = chain | file path | options table (temp, top_k, ...) | nil,
 --   seed = S, stop = {strings or ids}, priority = P (higher first),
---   logprobs = N, on_token = function(h, id, text), tag = anything }
+--   logprobs = N, trace = bool, ignore_eos = bool,
+--   on_token = function(h, id, text), tag = anything }
 -- Returns a handle. Misuse raises; a request that can never fit the cache is
 -- refused with nil, message.
 function Engine:submit(spec)
@@ -131,26 +143,30 @@ function Engine:submit(spec)
       .. "blocks, more than the whole cache (%d pages, %d SWA blocks)", total, #toks, max_new, pages, swa,
       self.capacity.pages, self.capacity.swa_blocks)
   end
-  local sampling = require("tide.sampling")
-  local sampler = spec.sampler
-  if sampler == nil or (type(sampler) == "table" and not sampler.new_state) then
-    sampler = sampling.from_options(sampler or {})
-  elseif type(sampler) == "string" then
-    sampler = sampling.load(sampler)
-  end
+  local sampler, serr = M.sampler_of(spec.sampler, model)
+  if not sampler then error("submit: " .. tostring(serr), 2) end
   self.arrivals = self.arrivals + 1
   local r = setmetatable({
     engine = self, id = self.next_id, tag = spec.tag,
     prompt = {}, tokens = {}, generated = {}, n_prompt = #toks, computed = 0,
     max_tokens = max_new, priority = spec.priority or 0, arrival = self.arrivals,
-    sampler = sampler, seed = spec.seed, logprobs = spec.logprobs, on_token = spec.on_token,
+    sampler = sampler, seed = spec.seed, on_token = spec.on_token,
     status = "waiting", finish_reason = nil, preemptions = 0, waited = 0,
-    t_submit = now(), text_parts = {}, logprob_list = spec.logprobs and {} or nil,
+    t_submit = now(), text_parts = {},
   }, Request)
   for i, id in ipairs(toks) do r.prompt[i] = id; r.tokens[i] = id end
-  r.state = sampler:new_state({ seed = spec.seed, logprobs = spec.logprobs, prompt = r.prompt })
-  r.stop = require("tide.generation").stopper(spec.stop, model.tokenizer, self.eos)
-  if self.tokenizer then r.stream = self.tokenizer:streamer({ skip_special_tokens = true }) end
+  -- stop: strings end the text before them; numbers are stop tokens (with eos)
+  local stop_str, stop_ids = {}, {}
+  for id in pairs(self.eos) do stop_ids[#stop_ids + 1] = id end
+  for _, x in ipairs(spec.stop or {}) do
+    if type(x) == "number" then stop_ids[#stop_ids + 1] = x else stop_str[#stop_str + 1] = x end
+  end
+  r.gen = require("tide.generation").new{
+    sampler = sampler, seed = spec.seed, logprobs = spec.logprobs, trace = spec.trace,
+    max_tokens = max_new, stop = stop_str, stop_tokens = stop_ids, ignore_eos = spec.ignore_eos,
+    tokenizer = self.tokenizer,
+  }
+  r.gen:prompt(r.prompt)
   self.next_id = self.next_id + 1
   self.requests[r.id] = r
   self.waiting[#self.waiting + 1] = r
@@ -211,9 +227,9 @@ function Engine:_finish(r, reason, err)
   r.t_done = now()
   if r.seq then r.seq:free() end
   r.seq = nil
-  if r.stream then
-    local tail = r.stream:flush()
-    if tail and tail ~= "" then r.text_parts[#r.text_parts + 1] = tail; r.pending_text = (r.pending_text or "") .. tail end
+  if r.gen and not r.gen.finish_reason then
+    local tail = r.gen:stop(reason)
+    if tail ~= "" then r.text_parts[#r.text_parts + 1] = tail; r.pending_text = (r.pending_text or "") .. tail end
   end
   self:_remove(self.running, r)
   self:_remove(self.waiting, r)
@@ -359,21 +375,17 @@ function Engine:step()
   return ran
 end
 
--- Sample the next token of r from its logits row; a sampler that raises ends
--- only this request.
+-- Sample the next token of r from its logits row (its own sampler state and
+-- RNG); a sampler that raises ends only this request.
 function Engine:_sample(r, row)
-  local ok, tok, info = pcall(r.state.sample, r.state, row)
-  if not ok or tok == nil then
-    self:_finish(r, "error", "sampler: " .. tostring(ok and info or tok))
+  local tok, text, reason = r.gen:step(row)
+  if tok == nil then
+    if reason == "error" then self:_finish(r, "error", r.gen.error) else self:_finish(r, reason or "length") end
     return
   end
-  r.state:accept(tok)
   if not r.t_first then r.t_first = now() end
   r.generated[#r.generated + 1] = tok
   r.tokens[#r.tokens + 1] = tok
-  if r.logprob_list and info then r.logprob_list[#r.logprob_list + 1] = info end
-  local text = ""
-  if r.stream then text = r.stream:put(tok) or "" end
   if text ~= "" then r.text_parts[#r.text_parts + 1] = text end
   r.pending_text = (r.pending_text or "") .. text
   r.new_tokens = r.new_tokens or {}
@@ -382,9 +394,7 @@ function Engine:_sample(r, row)
     local okc, cerr = pcall(r.on_token, r, tok, text)
     if not okc then self:_finish(r, "error", "on_token: " .. tostring(cerr)) return end
   end
-  local reason = r.stop:check(tok, text)
-  if reason then self:_finish(r, reason)
-  elseif #r.generated >= r.max_tokens then self:_finish(r, "length") end
+  if reason then self:_finish(r, reason) end
 end
 
 -- Step until every request is done (or `until_fn()` is true).
@@ -432,10 +442,8 @@ function Request:stream()
   end
 end
 
-function Request:text()
-  if self.engine.tokenizer then return self.engine.tokenizer:decode(self.generated, { skip_special_tokens = true }) end
-  return table.concat(self.text_parts)
-end
+-- The text generated so far (stop strings excluded).
+function Request:text() return table.concat(self.text_parts) end
 
 -- The result record (what `tide batch` writes).
 function Request:result()
@@ -446,7 +454,8 @@ function Request:result()
     id = self.id, tag = self.tag, tokens = self.generated, text = self.engine.tokenizer and self:text() or nil,
     finish_reason = self.finish_reason, error = self.error, prompt_tokens = self.n_prompt,
     completion_tokens = n, ttft = t_first, tokens_per_second = (n > 1 and dur > 0) and (n - 1) / dur or nil,
-    preemptions = self.preemptions, logprobs = self.logprob_list,
+    preemptions = self.preemptions, logprobs = self.gen and self.gen.logprobs or nil,
+    stop_string = self.gen and self.gen.stop_string or nil,
   }
 end
 

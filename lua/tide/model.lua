@@ -235,7 +235,7 @@ function Model:_ref_for(seq)
     error("reference mode was switched on after this sequence started; start a new sequence", 3)
   end
   local box = ffi.new("tide_refmodel*[1]")
-  check(C.tide_refmodel_new(box, self.ck.handle), 3)
+  check(C.tide_refmodel_new(box, self.ck._h), 3)
   r = ffi.gc(box[0], C.tide_refmodel_free)
   self._refs[seq.id] = r
   return r
@@ -425,12 +425,46 @@ function Model:_reference_logits(st)
         if sp.want == "all" then row = keep[j - 1] elseif j == sp.n then row = keep[0] end
       end
       check(C.tide_refmodel_step(ref, toks[j], row))
+      if st.ref_dump_topk or st.ref_dump_routes then self:_ref_decisions(ref, st) end
     end
     st.ref_logits[i] = keep
   end
 end
 
--- Per-layer reference hooks and decision dumps.
+-- Record the reference's decisions of the token it just processed.
+local selbuf, routebuf
+function Model:_ref_decisions(ref, st)
+  local cfg = self.config
+  if st.ref_dump_topk then
+    selbuf = selbuf or ffi.new("int32_t[?]", cfg.index_topk)
+    for L = 0, self.net.n_layers - 1 do
+      if cfg.ratios[L] == 4 then
+        local n = check(C.tide_refmodel_last_topk(ref, L, selbuf, cfg.index_topk))
+        local sel = {}
+        for i = 0, n - 1 do sel[i + 1] = selbuf[i] end
+        table.sort(sel)
+        local rows = st.ref_dump_topk[L] or {}
+        st.ref_dump_topk[L] = rows
+        rows[#rows + 1] = sel
+      end
+    end
+  end
+  if st.ref_dump_routes then
+    routebuf = routebuf or ffi.new("int32_t[64]")
+    for L = 0, self.net.n_layers - 1 do
+      local k = check(C.tide_refmodel_last_route(ref, L, routebuf, nil))
+      local sel = {}
+      for i = 0, k - 1 do sel[i + 1] = routebuf[i] end
+      table.sort(sel)
+      local rows = st.ref_dump_routes[L] or {}
+      st.ref_dump_routes[L] = rows
+      rows[#rows + 1] = sel
+    end
+  end
+end
+
+-- Per-layer reference hooks and decision dumps. In whole-model reference
+-- mode the dumps record the reference's decisions.
 function Model:_hooks(st, opts)
   local net = self.net
   if type(self._reference) == "table" then
@@ -465,6 +499,10 @@ function Model:_hooks(st, opts)
     end
     st.ref_attn = function(l) per_token(l, "attn") end
     st.ref_moe = function(l) per_token(l, "moe") end
+  end
+  if self._reference == "all" then
+    st.ref_dump_topk, st.ref_dump_routes = opts.dump_topk, opts.dump_routes
+    return
   end
   if opts.dump_topk then
     local dump = opts.dump_topk

@@ -160,50 +160,52 @@ local function emit(self, text)
   elseif self.print then io.write(text); io.flush() end
 end
 
--- Sample up to max_tokens tokens after the current history. opts:
--- max_tokens, stop (strings/ids), on_token(id, text) (return false to stop),
--- eos (false: do not stop at the end-of-sentence token).
--- Returns the generated ids and their text.
+-- Sample up to max_tokens tokens after the current history and feed them.
+-- opts: max_tokens, stop (strings, and ids as stop tokens), ignore_eos,
+-- on_token(id, text) (return false to stop), logprobs = N.
+-- Returns the generated ids, their text and the finish reason.
 function Session:generate(opts)
   opts = opts or {}
   if not self.last_logits then error("generate: nothing to continue (append a prompt first)", 2) end
   local model = self.model
   local tok = model.tokenizer
-  local max_new = opts.max_tokens or self.max_tokens
-  local eos = {}
-  if opts.eos ~= false then
-    local e = model.config.eos_token_id
-    if type(e) == "number" and e >= 0 then eos[e] = true end
+  local stop_str, stop_ids = {}, {}
+  local eos = model.config.eos_token_id
+  if type(eos) == "number" and eos >= 0 then stop_ids[1] = eos end
+  for _, x in ipairs(opts.stop or {}) do
+    if type(x) == "number" then stop_ids[#stop_ids + 1] = x else stop_str[#stop_str + 1] = x end
   end
-  local stopper = require("tide.generation").stopper(opts.stop, tok, eos)
-  local stream = tok and tok:streamer({ skip_special_tokens = true }) or nil
-  local out, parts = {}, {}
+  local gen = require("tide.generation").new{
+    state = self.state, max_tokens = opts.max_tokens or self.max_tokens, stop = stop_str, stop_tokens = stop_ids,
+    ignore_eos = opts.ignore_eos, tokenizer = tok,
+    detokenize = (not tok) and function(id) return id .. " " end or nil,
+  }
+  self.gen = gen
   self.interrupted = false
   local t0 = tide.time()
-  while #out < max_new do
-    local id, info = self.state:sample(self.last_logits)
-    if id == nil then error("sampler: " .. tostring(info), 0) end
-    self.state:accept(id)
-    self.last_info = info
+  local out = {}
+  while true do
+    local id, text, reason = gen:step(self.last_logits)
+    if id == nil then
+      if reason == "error" then error("sampler: " .. tostring(gen.error), 0) end
+      emit(self, text or "")
+      break
+    end
     out[#out + 1] = id
-    local text = stream and stream:put(id) or (tok and "" or (id .. " "))
-    parts[#parts + 1] = text
     emit(self, text)
+    -- feed the token so the cache holds the whole history (and the next
+    -- token's logits are ready)
     local res, err = model:step({ { seq = self.seq, tokens = { id }, logits = "last" } })
     if not res then error("session: " .. tostring(err), 0) end
     self.toks[#self.toks + 1] = id
     self.last_logits = res[1]:clone()
     self.stats.decode_tokens = self.stats.decode_tokens + 1
-    if opts.on_token and opts.on_token(id, text) == false then break end
-    if stopper:check(id, text) then break end
-    if self.interrupted then break end
-  end
-  if stream then
-    local tail = stream:flush()
-    if tail ~= "" then parts[#parts + 1] = tail; emit(self, tail) end
+    if reason then break end
+    if opts.on_token and opts.on_token(id, text) == false then emit(self, gen:stop("stopped")) break end
+    if self.interrupted then emit(self, gen:stop("interrupted")) break end
   end
   self.stats.t_decode = self.stats.t_decode + (tide.time() - t0)
-  return out, table.concat(parts)
+  return out, gen:text(), gen.finish_reason
 end
 
 -- ---------------------------------------------------------------- chat turns
@@ -299,7 +301,8 @@ function Session:fork()
   f.messages = {}
   for i, m in ipairs(self.messages) do f.messages[i] = { role = m.role, content = m.content } end
   f.snapshots = {}
-  f.state = self.state:clone()
+  f.state = self.sampler:new_state({ seed = self.seed })
+  f.state:restore(self.state:snapshot())
   f.stats = { prefill_tokens = 0, decode_tokens = 0, t_prefill = 0, t_decode = 0 }
   return f
 end

@@ -1,0 +1,126 @@
+-- tide generate: stream a continuation of a prompt. Text when the model
+-- directory has a tokenizer, token ids otherwise; prefill and decode tokens/s
+-- on stderr. Sampling flags follow llama.cpp's names (tide.sampling.options),
+-- or --sampler FILE (a Lua chain, reloaded when the file changes).
+local args = require("tide.cli.args")
+local sampling = require("tide.sampling")
+
+local spec = {
+  model = { type = "string", meta = "DIR", required = true, help = "checkpoint directory" },
+  prompt = { type = "string", meta = "TEXT", help = "the prompt (encoded with the model's tokenizer, BOS first)" },
+  tokens = { type = "string", meta = "IDS", help = "the prompt as token ids, comma or space separated" },
+  max_tokens = { type = "number", meta = "N", default = 128, help = "tokens to generate at most" },
+  n_predict = { type = "number", meta = "N", help = "same as --max-tokens" },
+  stop = { type = "list", meta = "S", help = "stop string (repeatable); not printed" },
+  ignore_eos = { type = "boolean", help = "do not stop at the end-of-sentence token" },
+  chat = { type = "boolean", help = "wrap the prompt in the chat template (a user turn) first" },
+  system = { type = "string", meta = "TEXT", help = "system prompt (with --chat)" },
+  thinking = { type = "boolean", help = "with --chat on a v3.1-style template: open the reply with <think>" },
+  threads = { type = "number", meta = "N", help = "OpenMP threads" },
+  chunk = { type = "number", meta = "N", default = 256, help = "prefill tokens per step" },
+  ids = { type = "boolean", help = "print token ids even when there is a tokenizer" },
+  show_logprobs = { type = "boolean", help = "after the text, print each token with its raw and sampled logprobs" },
+}
+for k, v in pairs(sampling.options) do if not spec[k] then spec[k] = v end end
+
+local M = {
+  summary = "generate a continuation of a prompt",
+  usage = "usage: tide generate --model DIR (--prompt TEXT | --tokens IDS) [--max-tokens N] [--seed S]\n"
+    .. "                     [sampling options | --sampler FILE] [--chat [--system TEXT]]\n" .. args.help(spec),
+}
+
+local function parse_ids(s)
+  local ids = {}
+  for w in s:gmatch("[^,%s]+") do
+    local v = tonumber(w)
+    if not v or v ~= math.floor(v) then args.fail("generate: bad token id '" .. w .. "' in --tokens") end
+    ids[#ids + 1] = v
+  end
+  if #ids == 0 then args.fail("generate: --tokens is empty") end
+  return ids
+end
+
+function M.run(argv)
+  local o, pos = args.parse(argv, spec, "generate")
+  if #pos > 0 then args.fail("generate: unexpected argument '" .. pos[1] .. "'") end
+  if (o.prompt == nil) == (o.tokens == nil) then args.fail("generate: give exactly one of --prompt TEXT or --tokens IDS") end
+  local tide = require("tide")
+  if o.threads then tide.threads(o.threads) end
+  local max_new = o.n_predict or o.max_tokens
+  local chunk = math.max(1, math.floor(o.chunk))
+  -- a small probe of the prompt length decides the cache size
+  local model, err = tide.model(o.model, { max_tokens = chunk,
+    cache = { context = 4096, max_seqs = 2, seq_budget = 1 }, tokenizer = true })
+  if not model then args.fail(err, 1) end
+  local tok = model.tokenizer
+  local ids
+  if o.tokens then
+    ids = parse_ids(o.tokens)
+  else
+    if not tok then args.fail("generate: " .. o.model .. " has no tokenizer.json; use --tokens", 1) end
+    if o.chat then
+      local msgs = {}
+      if o.system then msgs[#msgs + 1] = { role = "system", content = o.system } end
+      msgs[#msgs + 1] = { role = "user", content = o.prompt }
+      ids = require("tide.chat").encode(tok, msgs, { add_generation_prompt = true, thinking = o.thinking })
+    else
+      ids = tok:encode(o.prompt)
+    end
+  end
+  local need = #ids + max_new
+  if need > 4096 then
+    model:close()
+    model, err = tide.model(o.model, { max_tokens = chunk, cache = { context = need, max_seqs = 2, seq_budget = 1 } })
+    if not model then args.fail(err, 1) end
+    tok = model.tokenizer
+  end
+  local sampler, serr = sampling.from_options(o, { tokenizer = tok })
+  if not sampler then args.fail("generate: " .. tostring(serr), 1) end
+  local gopts = require("tide.generation").options_to_new(o, sampler, (not o.ids) and tok or nil)
+  gopts.max_tokens = max_new
+  if not tok or o.ids then
+    gopts.detokenize = function(id) return id .. " " end
+    gopts.stop_tokens = { model.config.eos_token_id }
+    if o.stop and #o.stop > 0 and not tok then args.fail("generate: --stop needs a tokenizer") end
+  end
+  local gen = require("tide.generation").new(gopts)
+  gen:prompt(ids)
+  local seq = assert(model:sequence())
+  local t0 = tide.time()
+  local ok, row = pcall(model.prefill, model, seq, ids, { chunk = chunk })
+  if not ok then args.fail("generate: " .. tostring(row), 1) end
+  local t1 = tide.time()
+  local n = 0
+  while true do
+    local id, text, reason = gen:step(row)
+    if text and text ~= "" then io.write(text); io.stdout:flush() end
+    if id == nil then break end
+    n = n + 1
+    if reason then break end
+    local res, serr2 = model:step({ { seq = seq, tokens = { id }, logits = "last" } })
+    if not res then io.stderr:write("\ngenerate: ", tostring(serr2), "\n") break end
+    row = res[1]
+  end
+  local t2 = tide.time()
+  io.write("\n")
+  if gen.finish_reason == "error" then
+    io.stderr:write("generate: ", tostring(gen.error), "\n")
+    return 1
+  end
+  if o.show_logprobs and gen.logprobs then
+    for i, e in ipairs(gen.logprobs) do
+      io.write(string.format("%d\t%d\t%q\traw %.4f\tsampled %.4f\n", i - 1, e.token, e.text or "",
+        e.raw_logprob or 0 / 0, e.sampled_logprob or 0 / 0))
+    end
+  end
+  local pre = t1 - t0
+  local dec = t2 - t1
+  io.stderr:write(string.format("prefill: %d tokens in %.3f s (%.1f tokens/s); decode: %d tokens in %.3f s "
+    .. "(%.2f tokens/s); finish: %s\n", #ids, pre, #ids / math.max(pre, 1e-9), n, dec,
+    n / math.max(dec, 1e-9), tostring(gen.finish_reason)))
+  seq:free()
+  model:close()
+  return 0
+end
+
+return M
