@@ -35,7 +35,7 @@ struct tide_ckpt {
   ck_shard *shards;
   int64_t n;
   ck_ent *ents;              /* sorted by name */
-  int32_t *htab;             /* open addressing over ents: index + 1, 0 = empty */
+  uint64_t *htab;            /* open addressing over ents: (hash high 32 bits << 32) | (index + 1), 0 = empty */
   int64_t hcap;              /* power of two >= 2n */
   int has_config;
   tide_config cfg;
@@ -429,9 +429,9 @@ int tide_ckpt_open(tide_ckpt **out, const char *path, int flags) {
     goto fail;
   }
   for (int64_t i = 0; i < ck->n; i++) {
-    uint64_t m = (uint64_t)ck->hcap - 1, k = name_hash(ck->ents[i].name) & m;
+    uint64_t h = name_hash(ck->ents[i].name), m = (uint64_t)ck->hcap - 1, k = h & m;
     while (ck->htab[k]) k = (k + 1) & m;
-    ck->htab[k] = (int32_t)(i + 1);
+    ck->htab[k] = (h & 0xffffffff00000000ULL) | (uint64_t)(i + 1);
   }
   if (have_index) {
     rc = check_index(ck, &index, ipath);
@@ -462,11 +462,13 @@ int64_t tide_ckpt_count(const tide_ckpt *ck) { return ck ? ck->n : 0; }
 
 int64_t tide_ckpt_find(const tide_ckpt *ck, const char *name) {
   if (!ck || !name || !ck->htab) return -1;
-  uint64_t m = (uint64_t)ck->hcap - 1;
-  for (uint64_t k = name_hash(name) & m;; k = (k + 1) & m) {
-    int32_t v = ck->htab[k];
+  uint64_t h = name_hash(name), m = (uint64_t)ck->hcap - 1, hi = h & 0xffffffff00000000ULL;
+  for (uint64_t k = h & m;; k = (k + 1) & m) {
+    uint64_t v = ck->htab[k];
     if (!v) return -1;
-    if (!strcmp(ck->ents[v - 1].name, name)) return v - 1;
+    /* the stored high hash bits spare a look at the name for other entries */
+    int64_t i = (int64_t)(v & 0xffffffffu) - 1;
+    if ((v & 0xffffffff00000000ULL) == hi && !strcmp(ck->ents[i].name, name)) return i;
   }
 }
 
