@@ -35,7 +35,7 @@ struct tide_ckpt {
   ck_shard *shards;
   int64_t n;
   ck_ent *ents;              /* sorted by name */
-  int32_t *htab;             /* open addressing over ents: index + 1, 0 = empty */
+  uint64_t *htab;            /* open addressing over ents: (hash high 32 bits << 32) | (index + 1), 0 = empty */
   int64_t hcap;              /* power of two >= 2n */
   int has_config;
   tide_config cfg;
@@ -217,9 +217,24 @@ static int add_shard(tide_ckpt *ck, char *path) {
   return TIDE_OK;
 }
 
-/* The shard list of model.safetensors.index.json (distinct weight_map
- * values); *root keeps the parsed index for the later cross-check. */
-static int read_index(tide_ckpt *ck, const char *dir, const char *ipath, cJSON **root_out) {
+/* model.safetensors.index.json, kept compactly (the parsed JSON of the Pro
+ * index would take ~30 MB): its shard list becomes the shards to open, and
+ * its (tensor, shard) pairs are checked once the headers are read. */
+typedef struct {
+  int64_t n;
+  const char **name;    /* into pool */
+  int32_t *shard;       /* index into ck->shards */
+  char *pool;
+} ck_index;
+
+static void index_free(ck_index *x) {
+  tide_xfree(x->name);
+  tide_xfree(x->shard);
+  tide_xfree(x->pool);
+  memset(x, 0, sizeof *x);
+}
+
+static int read_index(tide_ckpt *ck, const char *dir, const char *ipath, ck_index *x) {
   char *text;
   int64_t len;
   TIDE_CHECK(read_text(ipath, (int64_t)256 << 20, &text, &len));
@@ -244,6 +259,7 @@ static int read_index(tide_ckpt *ck, const char *dir, const char *ipath, cJSON *
     goto done;
   }
   int k = 0;
+  size_t pool = 0;
   const cJSON *it;
   cJSON_ArrayForEach(it, wm) {
     if (!cJSON_IsString(it) || !*it->valuestring) {
@@ -256,6 +272,7 @@ static int read_index(tide_ckpt *ck, const char *dir, const char *ipath, cJSON *
       goto done;
     }
     files[k++] = it->valuestring;
+    pool += strlen(it->string) + 1;
   }
   if (k == 0) {
     rc = TIDE_ERR(TIDE_E_FORMAT, PATHF ": weight_map is empty", ipath);
@@ -277,25 +294,48 @@ static int read_index(tide_ckpt *ck, const char *dir, const char *ipath, cJSON *
       rc = add_shard(ck, p);
     }
   }
+  if (rc < 0) goto done;
+  x->name = tide_xmalloc((size_t)k * sizeof *x->name);
+  x->shard = tide_xmalloc((size_t)k * sizeof *x->shard);
+  x->pool = tide_xmalloc(pool);
+  if (!x->name || !x->shard || !x->pool) {
+    rc = TIDE_E_NOMEM;
+    goto done;
+  }
+  char *q = x->pool;
+  cJSON_ArrayForEach(it, wm) {
+    int lo = 0, hi = ck->n_shards - 1, s = 0;
+    while (lo <= hi) { /* the shards were added in file-name order */
+      s = (lo + hi) / 2;
+      int c = strcmp(ck->shards[s].file, it->valuestring);
+      if (!c) break;
+      if (c < 0) lo = s + 1;
+      else hi = s - 1;
+    }
+    size_t l = strlen(it->string) + 1;
+    memcpy(q, it->string, l);
+    x->name[x->n] = q;
+    x->shard[x->n++] = s;
+    q += l;
+  }
 done:
   tide_xfree(files);
-  if (rc < 0) cJSON_Delete(root);
-  else *root_out = root;
+  cJSON_Delete(root);
+  if (rc < 0) index_free(x);
   return rc;
 }
 
-static int check_index(const tide_ckpt *ck, const cJSON *root, const char *ipath) {
-  const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
-  const cJSON *it;
-  cJSON_ArrayForEach(it, wm) {
-    int64_t i = tide_ckpt_find(ck, it->string);
+static int check_index(const tide_ckpt *ck, const ck_index *x, const char *ipath) {
+  for (int64_t k = 0; k < x->n; k++) {
+    const char *listed = ck->shards[x->shard[k]].file;
+    int64_t i = tide_ckpt_find(ck, x->name[k]);
     if (i < 0)
       return TIDE_ERR(TIDE_E_FORMAT, "tensor " NAMEF " is missing from shard %.200s (the index %s lists it there)",
-                      it->string, it->valuestring, ipath);
+                      x->name[k], listed, ipath);
     const ck_shard *s = &ck->shards[ck->ents[i].shard];
-    if (strcmp(s->file, it->valuestring))
-      return TIDE_ERR(TIDE_E_FORMAT, "tensor " NAMEF " is in shard %.200s but the index %s says %.200s", it->string,
-                      s->file, ipath, it->valuestring);
+    if (strcmp(s->file, listed))
+      return TIDE_ERR(TIDE_E_FORMAT, "tensor " NAMEF " is in shard %.200s but the index %s says %.200s", x->name[k],
+                      s->file, ipath, listed);
   }
   return TIDE_OK;
 }
@@ -309,7 +349,8 @@ int tide_ckpt_open(tide_ckpt **out, const char *path, int flags) {
   if (!ck) return TIDE_E_NOMEM;
   ck->index_total = -1;
   int rc = TIDE_OK;
-  cJSON *index = NULL;
+  ck_index index = {0, NULL, NULL, NULL};
+  int have_index = 0;
   char *ipath = NULL;
   ck->path = tide_xstrdup(path);
   if (!ck->path) {
@@ -343,6 +384,7 @@ int tide_ckpt_open(tide_ckpt **out, const char *path, int flags) {
     if (file_exists(ipath)) {
       tide_xfree(single);
       rc = read_index(ck, path, ipath, &index);
+      have_index = rc == TIDE_OK;
     } else if (file_exists(single)) {
       rc = add_shard(ck, single);
     } else {
@@ -387,12 +429,13 @@ int tide_ckpt_open(tide_ckpt **out, const char *path, int flags) {
     goto fail;
   }
   for (int64_t i = 0; i < ck->n; i++) {
-    uint64_t m = (uint64_t)ck->hcap - 1, k = name_hash(ck->ents[i].name) & m;
+    uint64_t h = name_hash(ck->ents[i].name), m = (uint64_t)ck->hcap - 1, k = h & m;
     while (ck->htab[k]) k = (k + 1) & m;
-    ck->htab[k] = (int32_t)(i + 1);
+    ck->htab[k] = (h & 0xffffffff00000000ULL) | (uint64_t)(i + 1);
   }
-  if (index) {
-    rc = check_index(ck, index, ipath);
+  if (have_index) {
+    rc = check_index(ck, &index, ipath);
+    index_free(&index);
     if (rc < 0) goto fail;
   }
   if (ck->has_config) {
@@ -403,12 +446,12 @@ int tide_ckpt_open(tide_ckpt **out, const char *path, int flags) {
       if (rc < 0) goto fail;
     }
   }
-  cJSON_Delete(index);
+  index_free(&index);
   tide_xfree(ipath);
   *out = ck;
   return TIDE_OK;
 fail:
-  cJSON_Delete(index);
+  index_free(&index);
   tide_xfree(ipath);
   tide_ckpt_free(ck);
   return rc;
@@ -419,11 +462,13 @@ int64_t tide_ckpt_count(const tide_ckpt *ck) { return ck ? ck->n : 0; }
 
 int64_t tide_ckpt_find(const tide_ckpt *ck, const char *name) {
   if (!ck || !name || !ck->htab) return -1;
-  uint64_t m = (uint64_t)ck->hcap - 1;
-  for (uint64_t k = name_hash(name) & m;; k = (k + 1) & m) {
-    int32_t v = ck->htab[k];
+  uint64_t h = name_hash(name), m = (uint64_t)ck->hcap - 1, hi = h & 0xffffffff00000000ULL;
+  for (uint64_t k = h & m;; k = (k + 1) & m) {
+    uint64_t v = ck->htab[k];
     if (!v) return -1;
-    if (!strcmp(ck->ents[v - 1].name, name)) return v - 1;
+    /* the stored high hash bits spare a look at the name for other entries */
+    int64_t i = (int64_t)(v & 0xffffffffu) - 1;
+    if ((v & 0xffffffff00000000ULL) == hi && !strcmp(ck->ents[i].name, name)) return i;
   }
 }
 
@@ -595,41 +640,33 @@ static int check_weight(const tide_ckpt *ck, const tide_tensor_spec *sp, const s
   return TIDE_OK;
 }
 
+static int check_spec(void *ctx, const tide_tensor_spec *sp) {
+  const tide_ckpt *ck = ctx;
+  char got[80], want[80];
+  if (sp->kind == TIDE_SPEC_SCALE) return TIDE_OK; /* checked with its weight */
+  int64_t i = tide_ckpt_find(ck, sp->name);
+  if (i < 0)
+    return TIDE_ERR(TIDE_E_FORMAT, "tensor " NAMEF " is missing from " PATHF ": the config (%s) implies %s %s", sp->name,
+                    ck->path, ck->config_path, tide_dtype_name(sp->dtype),
+                    shape_txt(want, sizeof want, sp->ndim, sp->shape));
+  const st_tensor *t = ent_tensor(ck, i);
+  const char *shard = ck->shards[ck->ents[i].shard].path;
+  if (sp->kind == TIDE_SPEC_WEIGHT) return check_weight(ck, sp, t, shard);
+  int dt_ok;
+  if (sp->kind == TIDE_SPEC_IDS) dt_ok = t->dtype == TIDE_I64 || t->dtype == TIDE_I32;
+  else dt_ok = t->dtype == TIDE_BF16 || t->dtype == TIDE_F16 || t->dtype == TIDE_F32;
+  if (!dt_ok || !same_shape(t, sp->ndim, sp->shape[0], sp->shape[1]))
+    return TIDE_ERR(TIDE_E_FORMAT, "tensor " NAMEF " in " PATHF " is %s %s: expected %s %s%s", sp->name, shard,
+                    tide_dtype_name(t->dtype), shape_txt(got, sizeof got, t->ndim, t->shape), tide_dtype_name(sp->dtype),
+                    shape_txt(want, sizeof want, sp->ndim, sp->shape),
+                    sp->kind == TIDE_SPEC_IDS ? " (or i32)" : " (or another float dtype)");
+  return TIDE_OK;
+}
+
 int tide_ckpt_check_model(const tide_ckpt *ck) {
   if (!ck) return TIDE_ERR(TIDE_E_INVALID, "NULL checkpoint");
   if (!ck->has_config) return TIDE_ERR(TIDE_E_STATE, PATHF ": no config.json to check the tensors against", ck->path);
-  tide_tensor_spec *specs;
-  int64_t n;
-  TIDE_CHECK(tide_config_inventory(&ck->cfg, &specs, &n));
-  int rc = TIDE_OK;
-  char got[80], want[80];
-  for (int64_t k = 0; k < n && rc == TIDE_OK; k++) {
-    const tide_tensor_spec *sp = &specs[k];
-    if (sp->kind == TIDE_SPEC_SCALE) continue; /* checked with its weight */
-    int64_t i = tide_ckpt_find(ck, sp->name);
-    if (i < 0) {
-      rc = TIDE_ERR(TIDE_E_FORMAT, "tensor " NAMEF " is missing from " PATHF ": the config (%s) implies %s %s", sp->name,
-                    ck->path, ck->config_path, tide_dtype_name(sp->dtype),
-                    shape_txt(want, sizeof want, sp->ndim, sp->shape));
-      break;
-    }
-    const st_tensor *t = ent_tensor(ck, i);
-    const char *shard = ck->shards[ck->ents[i].shard].path;
-    if (sp->kind == TIDE_SPEC_WEIGHT) {
-      rc = check_weight(ck, sp, t, shard);
-      continue;
-    }
-    int dt_ok;
-    if (sp->kind == TIDE_SPEC_IDS) dt_ok = t->dtype == TIDE_I64 || t->dtype == TIDE_I32;
-    else dt_ok = t->dtype == TIDE_BF16 || t->dtype == TIDE_F16 || t->dtype == TIDE_F32;
-    if (!dt_ok || !same_shape(t, sp->ndim, sp->shape[0], sp->shape[1]))
-      rc = TIDE_ERR(TIDE_E_FORMAT, "tensor " NAMEF " in " PATHF " is %s %s: expected %s %s%s", sp->name, shard,
-                    tide_dtype_name(t->dtype), shape_txt(got, sizeof got, t->ndim, t->shape),
-                    tide_dtype_name(sp->dtype), shape_txt(want, sizeof want, sp->ndim, sp->shape),
-                    sp->kind == TIDE_SPEC_IDS ? " (or i32)" : " (or another float dtype)");
-  }
-  tide_xfree(specs);
-  return rc;
+  return tide_config_inventory_walk(&ck->cfg, check_spec, (void *)ck);
 }
 
 /* ---- progress bar ---- */

@@ -37,6 +37,11 @@ int st_parse_header(st_header *out, const char *hdr, int64_t n, int64_t file_siz
 int st_parse_image(st_header *out, const uint8_t *data, int64_t len, const char *path);
 void st_header_free(st_header *h);
 
+/* tide_config_inventory without the array: fn sees each spec in order (the
+ * spec is valid during the call); the first negative return stops the walk
+ * and is returned. */
+int tide_config_inventory_walk(const tide_config *c, int (*fn)(void *ctx, const tide_tensor_spec *spec), void *ctx);
+
 /* safetensors dtype name of a tide dtype ("F8_E4M3"), NULL if it has none. */
 const char *st_dtype_name(int dtype);
 

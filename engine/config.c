@@ -5,7 +5,7 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "tide_internal.h"
+#include "ckpt_internal.h"
 
 #define CFGF "%.400s"
 
@@ -436,20 +436,29 @@ int tide_config_layer_ratio(const tide_config *c, int layer) {
 
 /* ---- inventory ---- */
 typedef struct {
-  tide_tensor_spec *v;   /* NULL: only count */
+  tide_tensor_spec *v;   /* NULL: count only, or hand each spec to fn */
   int64_t n, cap;
   const tide_config *c;
+  int (*fn)(void *ctx, const tide_tensor_spec *spec);
+  void *ctx;
+  int rc;                /* the first failure of fn */
 } specv;
 
 static void add(specv *s, int kind, int layer, int fmt, int dtype, int ndim, int64_t d0, int64_t d1, int64_t rows,
                 int64_t cols, const char *fmtname, ...) __attribute__((format(printf, 11, 12)));
 static void add(specv *s, int kind, int layer, int fmt, int dtype, int ndim, int64_t d0, int64_t d1, int64_t rows,
                 int64_t cols, const char *fmtname, ...) {
-  if (!s->v || s->n >= s->cap) { /* the counting pass (or a bug: never past the count) */
+  tide_tensor_spec one;
+  tide_tensor_spec *t = &one;
+  if (s->fn) {
+    if (s->rc < 0) return;
+  } else if (!s->v || s->n >= s->cap) { /* the counting pass (or a bug: never past the count) */
     s->n++;
     return;
+  } else {
+    t = &s->v[s->n];
   }
-  tide_tensor_spec *t = &s->v[s->n++];
+  s->n++;
   memset(t, 0, sizeof *t);
   va_list ap;
   va_start(ap, fmtname);
@@ -465,6 +474,7 @@ static void add(specv *s, int kind, int layer, int fmt, int dtype, int ndim, int
   t->shape[2] = t->shape[3] = 1;
   t->rows = rows;
   t->cols = cols;
+  if (s->fn) s->rc = s->fn(s->ctx, t);
 }
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -558,13 +568,35 @@ static void add_block(specv *s, int L, int mtp) {
 #undef W
 }
 
+static void walk(specv *s) {
+  const tide_config *c = s->c;
+  int64_t d = c->hidden_size, hc = c->hc_mult;
+  add(s, TIDE_SPEC_EMBED, -1, -1, TIDE_BF16, 2, c->vocab_size, d, 0, 0, "embed.weight");
+  if (!c->tie_word_embeddings)
+    add(s, TIDE_SPEC_WEIGHT, -1, TIDE_FMT_BF16, TIDE_BF16, 2, c->vocab_size, d, c->vocab_size, d, "head.weight");
+  add(s, TIDE_SPEC_NORM, -1, -1, TIDE_BF16, 1, d, 0, 0, 0, "norm.weight");
+  add(s, TIDE_SPEC_PARAM, -1, -1, TIDE_F32, 2, hc, hc * d, 0, 0, "hc_head_fn");
+  add(s, TIDE_SPEC_PARAM, -1, -1, TIDE_F32, 1, hc, 0, 0, 0, "hc_head_base");
+  add(s, TIDE_SPEC_PARAM, -1, -1, TIDE_F32, 1, 1, 0, 0, 0, "hc_head_scale");
+  for (int L = 0; L < c->num_hidden_layers; L++) add_block(s, L, 0);
+  for (int i = 0; i < c->num_nextn_predict_layers; i++) add_block(s, c->num_hidden_layers + i, 1);
+}
+
+int tide_config_inventory_walk(const tide_config *c, int (*fn)(void *ctx, const tide_tensor_spec *spec), void *ctx) {
+  if (!c || !fn) return TIDE_ERR(TIDE_E_INVALID, "NULL argument");
+  TIDE_CHECK(tide_config_validate(c, "config"));
+  specv s = {NULL, 0, 0, c, fn, ctx, TIDE_OK};
+  walk(&s);
+  return s.rc;
+}
+
 int tide_config_inventory(const tide_config *c, tide_tensor_spec **out, int64_t *n) {
   if (!c || !out || !n) return TIDE_ERR(TIDE_E_INVALID, "NULL argument");
   *out = NULL;
   *n = 0;
   TIDE_CHECK(tide_config_validate(c, "config"));
   /* two passes: count, then fill an array of exactly that size */
-  specv s = {NULL, 0, 0, c};
+  specv s = {NULL, 0, 0, c, NULL, NULL, TIDE_OK};
   for (int pass = 0; pass < 2; pass++) {
     if (pass) {
       s.cap = s.n;
@@ -572,16 +604,7 @@ int tide_config_inventory(const tide_config *c, tide_tensor_spec **out, int64_t 
       s.v = tide_xmalloc((size_t)(s.cap ? s.cap : 1) * sizeof *s.v);
       if (!s.v) return TIDE_ERR(TIDE_E_NOMEM, "cannot list the %lld tensors of this config", (long long)s.cap);
     }
-    int64_t d = c->hidden_size, hc = c->hc_mult;
-    add(&s, TIDE_SPEC_EMBED, -1, -1, TIDE_BF16, 2, c->vocab_size, d, 0, 0, "embed.weight");
-    if (!c->tie_word_embeddings)
-      add(&s, TIDE_SPEC_WEIGHT, -1, TIDE_FMT_BF16, TIDE_BF16, 2, c->vocab_size, d, c->vocab_size, d, "head.weight");
-    add(&s, TIDE_SPEC_NORM, -1, -1, TIDE_BF16, 1, d, 0, 0, 0, "norm.weight");
-    add(&s, TIDE_SPEC_PARAM, -1, -1, TIDE_F32, 2, hc, hc * d, 0, 0, "hc_head_fn");
-    add(&s, TIDE_SPEC_PARAM, -1, -1, TIDE_F32, 1, hc, 0, 0, 0, "hc_head_base");
-    add(&s, TIDE_SPEC_PARAM, -1, -1, TIDE_F32, 1, 1, 0, 0, 0, "hc_head_scale");
-    for (int L = 0; L < c->num_hidden_layers; L++) add_block(&s, L, 0);
-    for (int i = 0; i < c->num_nextn_predict_layers; i++) add_block(&s, c->num_hidden_layers + i, 1);
+    walk(&s);
   }
   *out = s.v;
   *n = s.n;

@@ -553,6 +553,25 @@ int st_parse_header(st_header *out, const char *hdr, int64_t n, int64_t file_siz
     }
     prev = t;
   }
+  /* keep exactly what was parsed: the entry array and the name pool were
+   * sized for the worst case (an opened Pro checkpoint holds 64 of them) */
+  {
+    st_tensor *t = tide_xmalloc((size_t)(h.n ? h.n : 1) * sizeof *t);
+    char *names = tide_xmalloc(c.used ? c.used : 1);
+    if (!t || !names) {
+      tide_xfree(t);
+      tide_xfree(names);
+      rc = TIDE_E_NOMEM;
+      goto done;
+    }
+    memcpy(t, h.t, (size_t)h.n * sizeof *t);
+    memcpy(names, h.names, c.used);
+    for (int64_t i = 0; i < h.n; i++) t[i].name = names + (h.t[i].name - h.names);
+    tide_xfree(h.t);
+    tide_xfree(h.names);
+    h.t = t;
+    h.names = names;
+  }
   *out = h;
   memset(&h, 0, sizeof h);
 done:

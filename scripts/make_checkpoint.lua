@@ -257,7 +257,9 @@ end
 local function main(argv)
   local o, pos = args.parse(argv, spec, "make_checkpoint")
   if #pos > 0 then args.fail("make_checkpoint: unexpected argument '" .. pos[1] .. "'\n" .. USAGE) end
-  if (o.preset == nil) == (o.config == nil) then args.fail("make_checkpoint: give one of --preset or --config\n" .. USAGE) end
+  if (o.preset == nil) == (o.config == nil) then
+    args.fail("make_checkpoint: give one of --preset or --config\n" .. USAGE)
+  end
   local cfg
   if o.preset then
     local mk = PRESETS[o.preset]
