@@ -209,7 +209,10 @@ static int run_dnnl(const struct tide_linear *l, const float *x, int64_t ldx, fl
   if (l->fmt == TIDE_W_F32) {
     rc = tide_dnnl_sgemm_nt(m, N, K, x, ldx, l->w.data, K, yo, ldo);
   } else {
-    int64_t pb = N < 256 ? N : 256;
+    /* panels of ~16 MiB of f32: large enough for oneDNN to run well */
+    int64_t pb = ((int64_t)4 << 20) / (K ? K : 1);
+    if (pb < 256) pb = 256;
+    if (pb > N) pb = N;
     float *panel = tide_xmalloc((size_t)(pb * K) * 4);
     if (!panel) rc = TIDE_E_NOMEM;
     const tide_dequant_kernels *kt = tide_dequant_kernels_get();

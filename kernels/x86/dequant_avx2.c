@@ -89,8 +89,11 @@ static void mxfp4(float *d, const uint8_t *w, const uint8_t *s, int64_t k0, int6
       tide_dequant_ref.mxfp4(d + k, w, s, k, 32);
       continue;
     }
-    __m256 t = _mm256_xor_ps(_mm256_mul_ps(mag, _mm256_set1_ps(tide_e8m0_to_f32(sc))), c28);
+    /* 2^(sc - 127); sc = 0 is the subnormal 2^-127 (tide_e8m0_to_f32) */
+    __m256 scale = _mm256_castsi256_ps(_mm256_set1_epi32(sc ? (int)sc << 23 : 0x00400000));
+    __m256 t = _mm256_xor_ps(_mm256_mul_ps(mag, scale), c28);
     const uint8_t *p = w + (k >> 1);
+#pragma GCC unroll 4
     for (int q = 0; q < 4; q++) {
       uint32_t u;
       memcpy(&u, p + 4 * q, 4);

@@ -314,6 +314,90 @@ static void many_jobs(void) {
   weight_free(&c);
 }
 
+/* same bits, or NaN on both sides */
+static int same_or_nan(const float *a, const float *b, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    if (memcmp(&a[i], &b[i], 4) != 0 && !(isnan(a[i]) && isnan(b[i]))) return 0;
+  return 1;
+}
+
+/* Extreme block scales (0, 1, 245..254) and extreme activations (huge,
+ * subnormal, inf): every path still computes exactly the dot form, so a row
+ * alone (the M = 1 decoder, which may move the scale onto x) = the row in a
+ * batch (the panel path) = the scalar model. */
+static float one_product(uint8_t code, uint8_t scale, float xv) {
+  weight q;
+  weight_make(&q, TIDE_W_FP8, 1, 128, 1);
+  memset(q.w.data, 0, 128);
+  ((uint8_t *)q.w.data)[0] = code;
+  ((uint8_t *)q.s.data)[0] = scale;
+  tide_tensor x, y;
+  x_make(&x, 1, 128, 1);
+  memset(x.data, 0, 128 * 4);
+  ((float *)x.data)[0] = xv;
+  y_make(&y, 1, 1);
+  TT_OK(tide_linear_forward_ex(q.l, &y, &x, 0));
+  float v = ((float *)y.data)[0];
+  tide_tensor_release(&x);
+  tide_tensor_release(&y);
+  weight_free(&q);
+  return v;
+}
+
+static void extreme_values(void) {
+  /* the two ways moving the scale onto x could round differently, one
+   * product each: x * 2^(110-119) = 1.6 subnormal units rounds to 2 (times
+   * 1.5 = 3) where x * w = 2.4 units rounds to 2; and x * 2^(240-119)
+   * overflows where x * w = 2^116 does not */
+  float v = one_product(0x7c, 110, 819 * 0x1p-149f); /* fp8 0x7C = 384 */
+  TT_CHECK(v == 2 * 0x1p-149f, "subnormal x: %a, expected 2 * 2^-149", v);
+  v = one_product(0x08, 240, 0x1p9f); /* fp8 0x08 = 2^-6 */
+  TT_CHECK(v == 0x1p116f, "large x: %a, expected 2^116", v);
+
+  static const uint8_t scales[] = {0, 1, 5, 60, 100, 110, 115, 118, 119, 120, 200, 235, 238, 240, 245, 246, 247, 250, 254};
+  const int64_t N = 260, K = 640, M = 6;
+  for (int fmt = TIDE_W_FP8; fmt <= TIDE_W_MXFP4; fmt++) {
+    weight q;
+    weight_make(&q, fmt, N, K, 404);
+    uint8_t *sp = q.s.data, *wp = q.w.data;
+    for (int64_t i = 0; i < tide_tensor_nbytes(&q.s); i++) sp[i] = scales[rnd() % sizeof scales];
+    if (fmt == TIDE_W_FP8) /* small codes under big scales, so x * W stays finite while x * scale may not */
+      for (int64_t n = 0; n < N; n++)
+        for (int64_t k = 0; k < K; k++)
+          if (sp[(n / 128) * q.s.sizes[1] + k / 128] >= 200) wp[n * K + k] &= 0x9f;
+    tide_tensor x, y, y1, yd;
+    x_make(&x, M, K, 12);
+    float *xp = x.data;
+    for (int64_t k = 0; k < K; k++) {
+      xp[1 * K + k] *= 0x1p9f;   /* x * 2^(sc-119) overflows for sc near 240, x * W does not */
+      xp[2 * K + k] *= 0x1p-130f; /* subnormal */
+      xp[3 * K + k] = k % 3 ? xp[3 * K + k] * 0x1p-60f : xp[3 * K + k] * 0x1p60f; /* wide range */
+      xp[4 * K + k] *= 0x1p-120f; /* x * 2^(sc-119) becomes subnormal for sc near 110 */
+    }
+    xp[5 * K + 17] = INFINITY;
+    xp[5 * K + 3] = 0x1p-149f; /* the smallest subnormal */
+    y_make(&y, M, N);
+    y_make(&y1, 1, N);
+    y_make(&yd, M, N);
+    TT_OK(tide_linear_forward_ex(q.l, &y, &x, 0));
+    tide_linear_dot_rows(q.l, 0, N, xp, K, yd.data, N, M, 0);
+    if (tide_kernels_avx2()) TT_CHECK(same_or_nan(y.data, yd.data, M * N), "%s: batch differs from the model", fmt_name[fmt]);
+    for (int64_t i = 0; i < M; i++) {
+      tide_tensor xi = {0};
+      TT_OK(tide_tensor_narrow(&xi, &x, 0, i, 1));
+      TT_OK(tide_linear_forward_ex(q.l, &y1, &xi, 0));
+      TT_CHECK(same_or_nan(y1.data, (float *)y.data + i * N, N), "%s row %lld: alone differs from the batch",
+               fmt_name[fmt], (long long)i);
+      tide_tensor_release(&xi);
+    }
+    tide_tensor_release(&x);
+    tide_tensor_release(&y);
+    tide_tensor_release(&y1);
+    tide_tensor_release(&yd);
+    weight_free(&q);
+  }
+}
+
 static void output_flags(void) {
   weight q;
   weight_make(&q, TIDE_W_FP8, 140, 256, 8);
@@ -493,4 +577,4 @@ static void misuse(void) {
 }
 
 TT_RUN(TT(formats_and_shapes), TT(batch_invariance), TT(thread_invariance), TT(grouped), TT(many_jobs),
-       TT(output_flags), TT(nan_weights), TT(zero_copy_no_alloc), TT(backends_and_policy), TT(misuse))
+       TT(extreme_values), TT(output_flags), TT(nan_weights), TT(zero_copy_no_alloc), TT(backends_and_policy), TT(misuse))
