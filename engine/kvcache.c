@@ -912,6 +912,7 @@ int tide_kv_check_step(const char *fn, const tide_kvcache *c, const tide_batch *
 int tide_kv_scratch(tide_kvcache *c, int t, int64_t n) {
   if (t < 0 || t >= KV_MAXTHREADS) return TIDE_ERR(TIDE_E_INTERNAL, "thread %d", t);
   if (n <= c->scratch_cap[t]) return TIDE_OK;
+  n += n / 2; /* geometric: a growing context reallocates rarely */
   float *p = tide_xrealloc(c->scratch[t], (size_t)n * sizeof(float));
   if (!p) return TIDE_ERR(TIDE_E_NOMEM, "scratch of %lld floats", (long long)n);
   c->scratch[t] = p;

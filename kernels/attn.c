@@ -367,10 +367,11 @@ int tide_attn_indexer_topk(tide_kvcache *c, int32_t layer, const tide_tensor *q8
   if (group < 1) group = 1;
   if (group > n_scored) group = n_scored;
   if (c->shared_cap < group * max_n) {
-    float *p = tide_xrealloc(c->shared, (size_t)(group * max_n) * sizeof(float));
-    if (!p) return TIDE_ERR(TIDE_E_NOMEM, "indexer scores of %lld floats", (long long)(group * max_n));
+    int64_t cap = group * max_n + group * max_n / 2; /* grow-only, geometric */
+    float *p = tide_xrealloc(c->shared, (size_t)cap * sizeof(float));
+    if (!p) return TIDE_ERR(TIDE_E_NOMEM, "indexer scores of %lld floats", (long long)cap);
     c->shared = p;
-    c->shared_cap = group * max_n;
+    c->shared_cap = cap;
   }
   int nth = tide_omp_threads();
   if (nth > KV_MAXTHREADS) nth = KV_MAXTHREADS;
@@ -451,8 +452,8 @@ int tide_attn_sparse(tide_tensor *out, const tide_tensor *q, tide_kvcache *c, in
   int64_t W = c->cfg.window, B = c->cfg.swa_block, nk_max = 0;
   for (int32_t t = 0; t < b->n; t++) {
     int64_t nc = r == 1 ? 0 : topk ? K : (b->pos[t] + 1) / r;
-    int64_t nw = b->pos[t] + 1 < W ? b->pos[t] + 1 : W;
-    if (nw + nc > nk_max) nk_max = nw + nc;
+    /* the full window, so that decode sizes its scratch once */
+    if (W + nc > nk_max) nk_max = W + nc;
   }
   int nth = tide_omp_threads();
   if (nth > KV_MAXTHREADS) nth = KV_MAXTHREADS;
