@@ -332,7 +332,7 @@ static void select_topk(int32_t *out, const float *sc, int64_t n, int64_t K, sel
   qsort(out, (size_t)K, sizeof(int32_t), cmp_i32);
 }
 
-enum { ISCORE_CHUNK = 2048, ISCORE_BUDGET = 1 << 24 };
+enum { ISCORE_BUDGET = 1 << 24 };
 
 int tide_attn_indexer_topk(tide_kvcache *c, int32_t layer, const tide_tensor *q8, const tide_tensor *w,
                            const tide_batch *b, tide_tensor *topk, tide_tensor *scores) {
@@ -387,13 +387,17 @@ int tide_attn_indexer_topk(tide_kvcache *c, int32_t layer, const tide_tensor *q8
     for (; t_next < b->n && gn < group && gn < 256; t_next++)
       if ((b->pos[t_next] + 1) / 4 > K) gt[gn++] = t_next;
     if (!gn) break;
-    int64_t nchunks = (max_n + ISCORE_CHUNK - 1) / ISCORE_CHUNK;
+    /* entry chunks: enough work items for every thread even for one token
+     * (each logit is computed on its own, so the split changes no bit) */
+    int64_t chunk = (max_n * gn + 4 * nth - 1) / (4 * nth) / gn;
+    chunk = chunk < 256 ? 256 : chunk > 8192 ? 8192 : (chunk + 63) / 64 * 64;
+    int64_t nchunks = (max_n + chunk - 1) / chunk;
     float *sc = c->shared;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t it = 0; it < gn * nchunks; it++) {
       int64_t gi = it / nchunks, ch = it % nchunks;
       int32_t t = gt[gi];
-      int64_t n = (b->pos[t] + 1) / 4, j0 = ch * ISCORE_CHUNK, j1 = j0 + ISCORE_CHUNK;
+      int64_t n = (b->pos[t] + 1) / 4, j0 = ch * chunk, j1 = j0 + chunk;
       if (j1 > n) j1 = n;
       if (j0 >= j1) continue;
       float *qf = c->scratch[tide_omp_tid()];

@@ -121,9 +121,11 @@ enum { TK = 16 };   /* keys per tile */
 /* S[h][0..16) = scale * q_h . Kt (Kt: [512][16] transposed keys), HB heads */
 AI void s_block(float *S, int64_t ldS, const float *q, const float *Kt, int HB, float scale) {
   __m256 a0[6], a1[6];
+  _Pragma("GCC unroll 8")
   for (int h = 0; h < HB; h++) a0[h] = a1[h] = _mm256_setzero_ps();
   for (int d = 0; d < KV_D; d++) {
     __m256 k0 = _mm256_loadu_ps(Kt + d * TK), k1 = _mm256_loadu_ps(Kt + d * TK + 8);
+    _Pragma("GCC unroll 8")
     for (int h = 0; h < HB; h++) {
       __m256 qb = _mm256_broadcast_ss(q + h * KV_D + d);
       a0[h] = _mm256_fmadd_ps(qb, k0, a0[h]);
@@ -131,6 +133,7 @@ AI void s_block(float *S, int64_t ldS, const float *q, const float *Kt, int HB, 
     }
   }
   __m256 sv = _mm256_set1_ps(scale);
+  _Pragma("GCC unroll 8")
   for (int h = 0; h < HB; h++) {
     _mm256_storeu_ps(S + h * ldS, _mm256_mul_ps(a0[h], sv));
     _mm256_storeu_ps(S + h * ldS + 8, _mm256_mul_ps(a1[h], sv));
@@ -153,11 +156,14 @@ static void s_tile(float *S, int64_t ldS, const float *q, int64_t nh, const floa
 AI void pv_block(float *O, const float *P, int64_t ldS, const float *Kr, int nt, int HB) {
   for (int d0 = 0; d0 < KV_D; d0 += 32) {
     __m256 a[3][4];
+    _Pragma("GCC unroll 8")
     for (int h = 0; h < HB; h++)
+      _Pragma("GCC unroll 4")
       for (int v = 0; v < 4; v++) a[h][v] = _mm256_loadu_ps(O + h * KV_D + d0 + 8 * v);
     for (int e = 0; e < nt; e++) {
       __m256 k0 = _mm256_loadu_ps(Kr + e * KV_D + d0), k1 = _mm256_loadu_ps(Kr + e * KV_D + d0 + 8);
       __m256 k2 = _mm256_loadu_ps(Kr + e * KV_D + d0 + 16), k3 = _mm256_loadu_ps(Kr + e * KV_D + d0 + 24);
+      _Pragma("GCC unroll 8")
       for (int h = 0; h < HB; h++) {
         __m256 p = _mm256_broadcast_ss(P + h * ldS + e);
         a[h][0] = _mm256_fmadd_ps(p, k0, a[h][0]);
@@ -166,7 +172,9 @@ AI void pv_block(float *O, const float *P, int64_t ldS, const float *Kr, int nt,
         a[h][3] = _mm256_fmadd_ps(p, k3, a[h][3]);
       }
     }
+    _Pragma("GCC unroll 8")
     for (int h = 0; h < HB; h++)
+      _Pragma("GCC unroll 4")
       for (int v = 0; v < 4; v++) _mm256_storeu_ps(O + h * KV_D + d0 + 8 * v, a[h][v]);
   }
 }
@@ -308,9 +316,11 @@ static void pool_avx2(float *out, int64_t dc, int64_t n, const float *const *a, 
 /* tot[16] += sum over HB heads (in order) of w_h * relu(q_h . Kt) */
 AI void is_block(__m256 *t0, __m256 *t1, const float *q, const float *w, const float *Kt, int HB) {
   __m256 a0[6], a1[6];
+  _Pragma("GCC unroll 8")
   for (int h = 0; h < HB; h++) a0[h] = a1[h] = _mm256_setzero_ps();
   for (int d = 0; d < KV_ID; d++) {
     __m256 k0 = _mm256_loadu_ps(Kt + d * 16), k1 = _mm256_loadu_ps(Kt + d * 16 + 8);
+    _Pragma("GCC unroll 8")
     for (int h = 0; h < HB; h++) {
       __m256 qb = _mm256_broadcast_ss(q + h * KV_ID + d);
       a0[h] = _mm256_fmadd_ps(qb, k0, a0[h]);
@@ -318,6 +328,7 @@ AI void is_block(__m256 *t0, __m256 *t1, const float *q, const float *w, const f
     }
   }
   const __m256 z = _mm256_setzero_ps();
+  _Pragma("GCC unroll 8")
   for (int h = 0; h < HB; h++) {
     __m256 wv = _mm256_broadcast_ss(w + h);
     *t0 = _mm256_fmadd_ps(wv, _mm256_max_ps(a0[h], z), *t0);
