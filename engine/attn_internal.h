@@ -147,6 +147,8 @@ typedef struct tide_attn_kernels {
    * w[h] * relu(q[h] . k8[i]) (q: fp8 values decoded to f32, [nI,128]) */
   void (*iscore)(float *out, int64_t n, const uint8_t *k8, const float *ks, const float *q,
                  const float *w, int64_t nI);
+  /* fp8_ds_mla store of one 512-vector (see tide_mla_store): same bytes */
+  void (*mla_store)(uint8_t *data, uint8_t *sc, const float *v, int flush);
 } tide_attn_kernels;
 
 int64_t tide_attn_scratch_floats(int64_t nh, int64_t nk);

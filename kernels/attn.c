@@ -130,6 +130,7 @@ int tide_attn_kv_insert(tide_kvcache *c, int32_t layer, const tide_tensor *kv, c
   TIDE_CHECK(check_rows(__func__, "kv", kv, b->n, KV_D));
   const kv_layer *ly = &c->layers[layer];
   int64_t B = c->cfg.swa_block;
+  const tide_attn_kernels *K = tide_attn_kernels_get();
 #pragma omp parallel for schedule(static) if (b->n >= 16)
   for (int32_t t = 0; t < b->n; t++) {
     float v[KV_D], tmp[64];
@@ -138,7 +139,7 @@ int tide_attn_kv_insert(tide_kvcache *c, int32_t layer, const tide_tensor *kv, c
     for (int i = 0; i < KV_D; i++) v[i] = tide_round_bf16(v[i]);
     int64_t off;
     uint8_t *blk = kv_swa_block(c, ly, &c->seqs[b->seq[t]], b->pos[t], &off);
-    tide_mla_store(blk + off * KV_DATA, blk + B * KV_DATA + off * 8, v, 1);
+    K->mla_store(blk + off * KV_DATA, blk + B * KV_DATA + off * 8, v, 1);
   }
   return TIDE_OK;
 }
@@ -202,7 +203,7 @@ static void comp_entry(const comp_args *A, const tide_attn_kernels *K, int r, in
   if (!A->indexer) {
     for (int i = 0; i < KV_NOPE; i++) out[i] = tide_round_bf16(out[i]);
     tide_rope64(out + KV_NOPE, cs, 0);
-    tide_mla_store(blk + off * KV_DATA, blk + ly->E * KV_DATA + off * 8, out, 0);
+    K->mla_store(blk + off * KV_DATA, blk + ly->E * KV_DATA + off * 8, out, 0);
   } else {
     tide_rope64(out + 64, cs, 0);
     for (int i = 0; i < KV_ID; i++) out[i] = tide_round_bf16(out[i]);

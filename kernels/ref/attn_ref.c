@@ -104,4 +104,4 @@ static void iscore_ref(float *out, int64_t n, const uint8_t *k8, const float *ks
   }
 }
 
-const tide_attn_kernels tide_attn_ref = {q_rows_ref, attn_ref, pool_ref, iscore_ref};
+const tide_attn_kernels tide_attn_ref = {q_rows_ref, attn_ref, pool_ref, iscore_ref, tide_mla_store};

@@ -376,4 +376,61 @@ static void iscore_avx2(float *out, int64_t n, const uint8_t *k8, const float *k
   }
 }
 
-const tide_attn_kernels tide_attn_avx2 = {q_rows_avx2, attn_avx2, pool_avx2, iscore_avx2};
+/* ---- fp8_ds_mla store (same bytes as tide_mla_store) ---- */
+/* e4m3 codes (0..0x7e, sign in bit 7) of 8 clamped values; flush: |x| < 2^-6 -> +0 */
+AI __m256i e4m3_codes(__m256 x, int flush) {
+  const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), tiny = _mm256_set1_ps(0.015625f);
+  __m256 ax = _mm256_and_ps(x, absm);
+  __m256i sign = _mm256_srli_epi32(_mm256_castps_si256(_mm256_andnot_ps(absm, x)), 24);
+  __m256 sub = _mm256_cmp_ps(ax, tiny, _CMP_LT_OQ);
+  __m256i cs = _mm256_cvtps_epi32(_mm256_mul_ps(ax, _mm256_set1_ps(512.0f))); /* RNE */
+  __m256i u = _mm256_castps_si256(ax);
+  u = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7ffff), _mm256_and_si256(_mm256_srli_epi32(u, 20), _mm256_set1_epi32(1))));
+  __m256i cn = _mm256_sub_epi32(_mm256_srli_epi32(u, 20), _mm256_set1_epi32(120 << 3));
+  cn = _mm256_min_epi32(cn, _mm256_set1_epi32(0x7e));
+  __m256i code = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(cn), _mm256_castsi256_ps(cs), sub));
+  code = _mm256_or_si256(code, sign);
+  if (flush) code = _mm256_andnot_si256(_mm256_castps_si256(sub), code);
+  return code;
+}
+/* bf16 bits of 8 values (RNE, NaN quiet), in the low 16 bits of each lane */
+AI __m256i bf16_bits8(__m256 x) {
+  __m256i u = _mm256_castps_si256(x);
+  __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1))));
+  __m256i q = _mm256_or_si256(u, _mm256_set1_epi32(0x00400000));
+  __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+  return _mm256_srli_epi32(_mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(q), nan)), 16);
+}
+
+static void mla_store_avx2(uint8_t *data, uint8_t *sc, const float *v, int flush) {
+  const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256i ord = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int t = 0; t < 7; t++) {
+    const float *x = v + 64 * t;
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < 64; i += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + i), absm));
+    float s = fmaxf(hmax8(m) / 448.0f, 1e-4f);
+    int e = tide_ceil_log2f(s);
+    sc[t] = (uint8_t)(e + 127);
+    __m256 mul = _mm256_castsi256_ps(_mm256_set1_epi32((127 - e) << 23));
+    const __m256 hi = _mm256_set1_ps(448.0f), lo = _mm256_set1_ps(-448.0f);
+    for (int i = 0; i < 64; i += 32) {
+      __m256i c[4];
+      for (int k = 0; k < 4; k++) {
+        __m256 y = _mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * k), mul);
+        y = _mm256_min_ps(_mm256_max_ps(y, lo), hi);
+        c[k] = e4m3_codes(y, flush);
+      }
+      __m256i p = _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]), _mm256_packus_epi32(c[2], c[3]));
+      _mm256_storeu_si256((__m256i *)(data + 64 * t + i), _mm256_permutevar8x32_epi32(p, ord));
+    }
+  }
+  sc[7] = 0;
+  for (int i = 0; i < KV_ROPE; i += 16) {
+    __m256i a = bf16_bits8(_mm256_loadu_ps(v + KV_NOPE + i)), b = bf16_bits8(_mm256_loadu_ps(v + KV_NOPE + i + 8));
+    __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8);
+    _mm256_storeu_si256((__m256i *)(data + KV_NOPE + 2 * i), p);
+  }
+}
+
+const tide_attn_kernels tide_attn_avx2 = {q_rows_avx2, attn_avx2, pool_avx2, iscore_avx2, mla_store_avx2};

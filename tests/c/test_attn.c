@@ -253,11 +253,20 @@ static void test_mla_bytes(void) {
     float scale = rep < 10 ? 1e-3f : rep < 20 ? 0.05f : rep < 30 ? 3.0f : 300.0f;
     fill_rand(v, 512, scale, 1);
     if (rep == 5) v[3] = 1e-9f; /* tiny values in a tile: subnormal or flushed */
+    if (rep == 6) { v[70] = -0.0f; v[71] = -1e-30f; v[450] = NAN; v[451] = -0.0f; }
+    if (rep == 7) for (int i = 0; i < 64; i++) v[128 + i] = (i & 1 ? -1.0f : 1.0f) * ldexpf(1.0f, -20 + i / 4);
     for (int flush = 0; flush < 2; flush++) {
       uint8_t d1[576], s1[8], d2[576], s2[8];
       tide_mla_store(d1, s1, v, flush);
       enc_mla(d2, s2, v, flush);
       TT_CHECK(!memcmp(d1, d2, 576) && !memcmp(s1, s2, 8), "mla bytes rep %d flush %d", rep, flush);
+#if defined(__x86_64__)
+      if (tide_kernels_avx2()) {
+        uint8_t d3[576], s3[8];
+        tide_attn_avx2.mla_store(d3, s3, v, flush);
+        TT_CHECK(!memcmp(d1, d3, 576) && !memcmp(s1, s3, 8), "AVX2 mla bytes rep %d flush %d", rep, flush);
+      }
+#endif
     }
   }
   /* the two tile rules differ exactly on subnormal codes */
