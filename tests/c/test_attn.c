@@ -910,12 +910,9 @@ static void test_pitfalls_window_visibility(void) {
   const float *st = S->stats.data;
   TT_CHECK(st[0] > 0 && st[1] == 0, "p=0: window mass %g (the current token), compressed mass %g", st[0], st[1]);
   TT_OK(tide_kvcache_commit(S->c, S->b));
-  /* p = 1, 2: nothing compressed; p = 3: entry 0 of C4 is visible to the token that completes it */
-  for (int p = 1; p <= 3; p++) {
-    TT_OK(sim_step(S, 1, &id, &one));
-    float comp = ((const float *)S->stats.data)[1]; /* layer 1 (C128) ran last: check via rerun below */
-    (void)comp;
-  }
+  /* p = 1, 2, 3 token by token; from p = 3 on, C4 entry 0 is visible (to the
+   * token that completes it too) */
+  for (int p = 1; p <= 3; p++) TT_OK(sim_step(S, 1, &id, &one));
   TT_OK(tide_batch_clear(S->b));
   TT_OK(tide_batch_add(S->b, id, 4, 124));
   TT_OK(tide_kvcache_prepare(S->c, S->b));
@@ -962,9 +959,6 @@ static void test_pitfalls_c128_visible(void) {
   TT_CHECK(st[(126 * 2) * 4 + 1] == 0 && st[(127 * 2) * 4 + 1] > 0 && st[(128 * 2) * 4 + 1] > 0,
            "C128 visibility at p=126/127/128: %g %g %g", st[(126 * 2) * 4 + 1], st[(127 * 2) * 4 + 1], st[(128 * 2) * 4 + 1]);
   TT_OK(tide_kvcache_commit(S->c, S->b));
-  /* compressed key rotated at the block start j*r = 0: the stored rope dims
-   * equal RoPE(position 0) = unrotated; decode one and compare with a re-encoding
-   * of the pooled vector rotated at 0 (identity) vs at 127 */
   int64_t f, rows, rb;
   TT_OK(tide_kvcache_seq_extent(S->c, id, 0, TIDE_KV_MAIN, &f, &rows, &rb));
   TT_CHECK(rows == 1, "one C128 entry after 129 tokens (%lld)", (long long)rows);
@@ -1094,8 +1088,6 @@ static void test_pitfalls_topk_decode(void) {
   for (int j = 0; j < 525; j++)
     if (!in[j] && scv[j] > maxout) maxout = scv[j];
   TT_CHECK(asc && minsel >= maxout, "top-128 of 525: ascending %d, min selected %g >= max rejected %g", asc, minsel, maxout);
-  tide_tensor tk4 = mk(TIDE_I32, 2, 1, 1024, 1);
-  tide_tensor_release(&tk4);
   TT_OK(tide_kvcache_abort(S->c, S->b));
   tide_tensor_release(&q8);
   tide_tensor_release(&w);

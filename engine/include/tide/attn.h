@@ -58,7 +58,7 @@ typedef struct tide_kvcache_config {
   int32_t head_dim;          /* 512 (only value supported) */
   int32_t rope_dim;          /* 64 (only value supported) */
   int32_t index_head_dim;    /* 128 (only value supported) */
-  int32_t window;            /* sliding window incl. the current token, 128; 1..swa_block*... */
+  int32_t window;            /* sliding window incl. the current token, 0 = 128 */
   int32_t swa_block;         /* positions per SWA block, 0 = 64 */
   int32_t page_tokens;       /* positions per compressed page, 0 = 256; multiple of 128 */
   int32_t swa_blocks;        /* SWA pool capacity in blocks (each covers every layer) */
