@@ -305,8 +305,8 @@ typedef struct sim {
   tide_tensor q, kv, kvs, ikvs, qi, wraw, q8, w, topk, out, stats;
   uint64_t seed[8];                 /* content of each sequence slot */
   uint64_t hash[8][MAXL][MAXP];     /* per (slot, layer, position) output hash */
-  float *keep;                      /* outputs of kept positions [MAXL][MAXP?] */
-  int64_t keep_every;
+  float *keep;                      /* outputs of kept positions [MAXL][64][H*512] */
+  int64_t keep_every, keep_from;
   uint64_t keep_seed;
 } sim;
 
@@ -475,8 +475,9 @@ static int sim_layers(sim *S, int stop_layer) {
       tide_batch_token(b, t, &sq, &p);
       const float *o = (const float *)out.data + (int64_t)t * S->H * 512;
       S->hash[sq][L][p] = fnv(o, (size_t)S->H * 512 * 4) ^ fnv((const float *)st.data + (int64_t)t * S->H * 4, (size_t)S->H * 16);
-      if (S->keep && sq == 0 && p % S->keep_every == 0 && p / S->keep_every < 64)
-        memcpy(S->keep + ((int64_t)L * 64 + p / S->keep_every) * S->H * 512, o, (size_t)S->H * 512 * 4);
+      int64_t kp = p - S->keep_from;
+      if (S->keep && sq == 0 && kp >= 0 && kp % S->keep_every == 0 && kp / S->keep_every < 64)
+        memcpy(S->keep + ((int64_t)L * 64 + kp / S->keep_every) * S->H * 512, o, (size_t)S->H * 512 * 4);
     }
     tide_tensor_release(&q);
     tide_tensor_release(&out);
@@ -675,16 +676,19 @@ static void oracle_scores(oracle *O, sim *S, int L, uint64_t sd, int64_t p, doub
 
 /* the whole scenario: sequence 0 fed in `chunk`-token steps up to len; every
  * `every`-th position (and the boundary ones) checked against the oracle */
-static void scenario_vs_oracle(int chunk, int64_t len, int64_t every, int K, int hist) {
+static void scenario_vs_oracle(int chunk, int64_t len, int64_t every, int K, int hist, int64_t from, int64_t decode_from,
+                               int H) {
   static const int32_t ratios[4] = {0, 4, 128, 4};
   sim *S = calloc(1, sizeof *S);
-  sim_init(S, 4, ratios, 4, K, 512, hist, hist ? 64 : 24, 16);
+  sim_init(S, 4, ratios, H, K, 1024, hist, hist ? 64 : 24, 24);
   S->seed[0] = 1234;
   S->keep_every = every;
+  S->keep_from = from;
   S->keep = tide_xcalloc((size_t)4 * 64 * S->H * 512, 4);
   int32_t id;
   TT_OK(tide_kvcache_seq_new(S->c, &id));
-  sim_feed(S, id, len, chunk);
+  sim_feed(S, id, decode_from, chunk);
+  sim_feed(S, id, len, 1);
   /* oracle */
   oracle O[4];
   double worst[4] = {0};
@@ -706,7 +710,7 @@ static void scenario_vs_oracle(int chunk, int64_t len, int64_t every, int K, int
   for (int64_t p = 0; p < len; p++)
     for (int L = 0; L < 4; L++) {
       oracle_token(&O[L], S, L, 1234, p);
-      if (p % every || p / every >= 64) continue;
+      if (p < from || (p - from) % every || (p - from) / every >= 64) continue;
       int r = O[L].r;
       int64_t n = r == 1 ? 0 : (p + 1) / r, nsel = 0;
       if (r == 128)
@@ -732,7 +736,7 @@ static void scenario_vs_oracle(int chunk, int64_t len, int64_t every, int K, int
         }
       }
       oracle_attend(&O[L], S, L, 1234, p, sel, nsel, o);
-      const float *got = S->keep + ((int64_t)L * 64 + p / every) * S->H * 512;
+      const float *got = S->keep + ((int64_t)L * 64 + (p - from) / every) * S->H * 512;
       double e = nmse(got, o, S->H * 512);
       if (e > worst[L]) worst[L] = e;
       if (e > 1e-5 && topk_bad++ < 5) fprintf(stderr, "  layer %d p %lld nmse %g\n", L, (long long)p, e);
@@ -756,12 +760,18 @@ static void scenario_vs_oracle(int chunk, int64_t len, int64_t every, int K, int
 static void test_oracle_short(void) {
   /* 300 tokens: window truncates, C128 n = 2, C4 n = 75 (short path), K = 512;
    * checks every 5th position */
-  scenario_vs_oracle(77, 300, 5, 512, 1);
+  scenario_vs_oracle(77, 300, 5, 512, 1, 0, 300, 4);
 }
 static void test_oracle_topk(void) {
   /* K = 16 makes the indexer select from p = 67 on: real top-k across many
    * pages, SWA blocks recycled (no history) */
-  scenario_vs_oracle(50, 600, 9, 16, 0);
+  scenario_vs_oracle(50, 600, 9, 16, 0, 0, 550, 4);
+}
+static void test_oracle_decode_2047(void) {
+  /* Flash K = 512: prefill 2040 in 3 chunks, then decode across p = 2047
+   * (C128 entry 15, C4 entry 511) and p = 2051 (first real top-k); every
+   * position from 2044 to 2055 checked */
+  scenario_vs_oracle(680, 2056, 1, 512, 0, 2044, 2040, 2);
 }
 
 /* ---- invariance: one prefill = chunks = token by token = batches = threads ---- */
@@ -1260,7 +1270,7 @@ static void test_errors(void) {
 }
 
 TT_RUN(TT(test_units_q_rows), TT(test_units_attn), TT(test_units_pool_iscore), TT(test_mla_bytes),
-       TT(test_kv_insert_bytes), TT(test_oracle_short), TT(test_oracle_topk), TT(test_invariance),
+       TT(test_kv_insert_bytes), TT(test_oracle_short), TT(test_oracle_topk), TT(test_oracle_decode_2047), TT(test_invariance),
        TT(test_fork_snapshot_abort), TT(test_pitfalls_window_visibility), TT(test_pitfalls_c128_visible),
        TT(test_pitfalls_block_start_rope), TT(test_pitfalls_sink), TT(test_pitfalls_topk_decode), TT(test_topk_1024),
        TT(test_ref_vs_avx2_scenario), TT(test_errors))
