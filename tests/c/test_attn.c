@@ -903,6 +903,46 @@ static void test_fork_snapshot_abort(void) {
   free(S);
 }
 
+/* ---- session save/load: export every region, import into another cache, continue ---- */
+static void test_export_continue(void) {
+  static const int32_t ratios[3] = {4, 128, 0};
+  sim *A = calloc(1, sizeof *A), *B = calloc(1, sizeof *B);
+  sim_init(A, 3, ratios, 2, 16, 256, 0, 16, 8);
+  sim_init(B, 3, ratios, 2, 16, 256, 0, 16, 8);
+  int32_t a, b;
+  TT_OK(tide_kvcache_seq_new(A->c, &a));
+  TT_OK(tide_kvcache_seq_new(B->c, &b));
+  TT_OK(tide_kvcache_seq_new(B->c, &b)); /* a different slot id than a */
+  A->seed[a] = B->seed[b] = 31;
+  sim_feed(A, a, 211, 100);
+  TT_OK(tide_kvcache_seq_set_length(B->c, b, 211));
+  for (int L = 0; L < 3; L++)
+    for (int kind = 0; kind <= 4; kind++) {
+      if (kind && ratios[L] == 0) continue;
+      if ((kind == 2 || kind == 4) && ratios[L] != 4) continue;
+      int64_t f, n, rb, f2, n2, rb2;
+      TT_OK(tide_kvcache_seq_extent(A->c, a, L, kind, &f, &n, &rb));
+      TT_OK(tide_kvcache_seq_extent(B->c, b, L, kind, &f2, &n2, &rb2));
+      TT_CHECK(f == f2 && n == n2 && rb == rb2, "extent layer %d kind %d", L, kind);
+      if (!n) continue;
+      tide_tensor t = mk(TIDE_U8, 2, n, rb, 1);
+      TT_OK(tide_kvcache_seq_read(A->c, a, L, kind, &t));
+      TT_OK(tide_kvcache_seq_write(B->c, b, L, kind, &t));
+      tide_tensor_release(&t);
+    }
+  sim_feed(A, a, 300, 7);
+  sim_feed(B, b, 300, 1);
+  int same = 1;
+  for (int L = 0; L < 3; L++)
+    for (int64_t p = 211; p < 300; p++) same &= A->hash[a][L][p] == B->hash[b][L][p];
+  TT_CHECK(same, "an imported sequence continues bitwise like the exported one");
+  TT_CHECK(seq_bytes_hash(A, a) == seq_bytes_hash(B, b), "imported: cache bytes differ after continuing");
+  sim_free(A);
+  sim_free(B);
+  free(A);
+  free(B);
+}
+
 /* ---- pitfalls of doc 6 ---- */
 static void test_pitfalls_window_visibility(void) {
   static const int32_t ratios[2] = {4, 128};
@@ -1075,6 +1115,25 @@ static void test_pitfalls_topk_decode(void) {
   int ties = 1;
   for (int i = 0; i < 512; i++) ties &= ((int32_t *)tk.data)[i] == i;
   TT_CHECK(ties && ((float *)sc.data)[3] == 0, "all-zero scores: ties go to the smaller index");
+  /* the scores of one token split over threads (entry chunks) are the same bits */
+  {
+    tide_tensor qa = mk(TIDE_U8, 3, 1, NIH, 128), wa = mk(TIDE_F32, 2, 1, NIH, 1), ta = mk(TIDE_I32, 2, 1, 64, 1);
+    tide_tensor s1 = mk(TIDE_F32, 2, 1, 525, 1), s2 = mk(TIDE_F32, 2, 1, 525, 1);
+    memcpy(qa.data, S->q8.data, NIH * 128);
+    memcpy(wa.data, S->w.data, NIH * 4);
+    int nth0 = tide_threads_get();
+    tide_threads_set(1);
+    TT_OK(tide_attn_indexer_topk(S->c, 0, &qa, &wa, S->b, &ta, &s1));
+    tide_threads_set(2);
+    TT_OK(tide_attn_indexer_topk(S->c, 0, &qa, &wa, S->b, &ta, &s2));
+    tide_threads_set(nth0);
+    TT_CHECK(!memcmp(s1.data, s2.data, 525 * 4), "indexer scores: 1 vs 2 threads");
+    tide_tensor_release(&qa);
+    tide_tensor_release(&wa);
+    tide_tensor_release(&ta);
+    tide_tensor_release(&s1);
+    tide_tensor_release(&s2);
+  }
   /* K = 1024 (Pro) with n = 525 <= K: the short path, -1 padded */
   tide_tensor tk2 = mk(TIDE_I32, 2, 1, 1024, 1);
   TT_OK(tide_attn_indexer_topk(S->c, 0, &q8, &w, S->b, &tk2, NULL));
@@ -1271,6 +1330,6 @@ static void test_errors(void) {
 
 TT_RUN(TT(test_units_q_rows), TT(test_units_attn), TT(test_units_pool_iscore), TT(test_mla_bytes),
        TT(test_kv_insert_bytes), TT(test_oracle_short), TT(test_oracle_topk), TT(test_oracle_decode_2047), TT(test_invariance),
-       TT(test_fork_snapshot_abort), TT(test_pitfalls_window_visibility), TT(test_pitfalls_c128_visible),
+       TT(test_fork_snapshot_abort), TT(test_export_continue), TT(test_pitfalls_window_visibility), TT(test_pitfalls_c128_visible),
        TT(test_pitfalls_block_start_rope), TT(test_pitfalls_sink), TT(test_pitfalls_topk_decode), TT(test_topk_1024),
        TT(test_ref_vs_avx2_scenario), TT(test_errors))
