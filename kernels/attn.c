@@ -283,17 +283,17 @@ int tide_attn_indexer_q(tide_tensor *q8, tide_tensor *w, const tide_tensor *qi, 
   TIDE_CHECK(check_rows(__func__, "w", w, b->n, nI));
   const float *qd = qi->data;
   uint8_t *o8 = q8->data;
+  const tide_attn_kernels *K = tide_attn_kernels_get();
 #pragma omp parallel for schedule(static) if (b->n >= 16)
   for (int32_t t = 0; t < b->n; t++) {
-    float tmp[64], v[KV_ID];
+    float tmp[64], sc[256];
     const float *cs = tide_rope_row(rope, b->pos[t], tmp);
-    for (int64_t h = 0; h < nI; h++) {
-      memcpy(v, qd + ((int64_t)t * nI + h) * KV_ID, sizeof v);
-      tide_rope64(v + 64, cs, 0);
-      for (int i = 64; i < KV_ID; i++) v[i] = tide_round_bf16(v[i]);
-      float s = tide_idx_quant(o8 + ((int64_t)t * nI + h) * KV_ID, v, KV_ID);
-      float wr = ((const float *)w_raw->data)[t * w_raw->strides[0] + h];
-      ((float *)w->data)[t * w->strides[0] + h] = wr * s * wscale;
+    for (int64_t h0 = 0; h0 < nI; h0 += 256) {
+      int64_t nh = nI - h0 < 256 ? nI - h0 : 256;
+      K->iq_rows(o8 + ((int64_t)t * nI + h0) * KV_ID, sc, qd + ((int64_t)t * nI + h0) * KV_ID, nh, cs);
+      const float *wr = (const float *)w_raw->data + t * w_raw->strides[0] + h0;
+      float *wo = (float *)w->data + t * w->strides[0] + h0;
+      for (int64_t h = 0; h < nh; h++) wo[h] = wr[h] * sc[h] * wscale;
     }
   }
   return TIDE_OK;
@@ -523,19 +523,11 @@ int tide_attn_o_unrope(tide_tensor *out, const tide_tensor *in, const tide_batch
   if (out->sizes[1] != H) return TIDE_ERR(TIDE_E_INVALID, "out has %lld heads, in %lld", (long long)out->sizes[1], (long long)H);
   const float *id = in->data;
   float *od = out->data;
+  const tide_attn_kernels *K = tide_attn_kernels_get();
 #pragma omp parallel for schedule(static) if (b->n >= 16)
   for (int32_t t = 0; t < b->n; t++) {
     float tmp[64];
-    const float *cs = tide_rope_row(rope, b->pos[t], tmp);
-    for (int64_t h = 0; h < H; h++) {
-      const float *x = id + ((int64_t)t * H + h) * KV_D;
-      float *y = od + ((int64_t)t * H + h) * KV_D;
-      if (y != x) memcpy(y, x, KV_NOPE * sizeof(float));
-      float v[KV_ROPE];
-      memcpy(v, x + KV_NOPE, sizeof v);
-      tide_rope64(v, cs, 1);
-      for (int i = 0; i < KV_ROPE; i++) y[KV_NOPE + i] = tide_round_bf16(v[i]);
-    }
+    K->unrope_rows(od + (int64_t)t * H * KV_D, id + (int64_t)t * H * KV_D, H, tide_rope_row(rope, b->pos[t], tmp));
   }
   return TIDE_OK;
 }

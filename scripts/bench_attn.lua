@@ -9,7 +9,7 @@
 --     gathered to f32, scores and P.V through tide.linear, softmax op);
 --   * prefill: a 4096-token chunk (as 4 x 1024-token steps) through one C4
 --     layer's attention kernels, tokens/s and GFLOP/s of the sparse kernel.
--- Medians of several runs. Usage: tide scripts/bench_attn.lua [--quick]
+-- Medians of several runs. Usage: tide scripts/bench_attn.lua [--quick] [--threads N]
 local tide = require("tide")
 local attn = tide.attn
 local ffi, C = tide.ffi.ffi, tide.C
@@ -17,6 +17,7 @@ local ffi, C = tide.ffi.ffi, tide.C
 local quick = false
 for i = 1, #arg do
   if arg[i] == "--quick" then quick = true end
+  if arg[i] == "--threads" then tide.threads(tonumber(arg[i + 1])) end
 end
 local RUNS = quick and 3 or 7
 local H, W, K, NI = 64, 128, 512, 64

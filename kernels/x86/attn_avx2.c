@@ -82,9 +82,12 @@ AI void mla_load8(float *out, const uint8_t *data, const uint8_t *sc) {
   }
 }
 
-/* GPT-J rotation of 64 dims: pairs (e, o) -> (e c - o s, e s + o c) */
-AI void rope64_8(float *x, const float *cs) {
+/* GPT-J rotation of 64 dims: pairs (e, o) -> (e c - o s, e s + o c), or the
+ * inverse (e c + o s, o c - e s). Products rounded, then added (no FMA), so
+ * the bits equal tide_rope64's. */
+AI void rope64_8(float *x, const float *cs, int inverse) {
   const __m256i i0 = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), i1 = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
+  const __m256 neg = _mm256_set1_ps(-0.0f);
   for (int k = 0; k < 4; k++) {
     __m256 c = _mm256_loadu_ps(cs + 8 * k), s = _mm256_loadu_ps(cs + 32 + 8 * k);
     for (int half = 0; half < 2; half++) {
@@ -92,8 +95,9 @@ AI void rope64_8(float *x, const float *cs) {
       __m256 cd = _mm256_permutevar8x32_ps(c, ix), sd = _mm256_permutevar8x32_ps(s, ix);
       float *p = x + 16 * k + 8 * half;
       __m256 v = _mm256_loadu_ps(p);
-      __m256 sw = _mm256_permute_ps(v, 0xB1);
-      _mm256_storeu_ps(p, _mm256_fmaddsub_ps(v, cd, _mm256_mul_ps(sw, sd)));
+      __m256 t = _mm256_mul_ps(_mm256_permute_ps(v, 0xB1), sd);
+      if (inverse) t = _mm256_xor_ps(t, neg);
+      _mm256_storeu_ps(p, _mm256_addsub_ps(_mm256_mul_ps(v, cd), t));
     }
   }
 }
@@ -110,7 +114,7 @@ static void q_rows_avx2(float *q, int64_t H, const float *cs, float eps) {
     float r = (float)(1.0 / sqrt((double)hsum8(ss) / KV_D + eps));
     __m256 rv = _mm256_set1_ps(r);
     for (int i = 0; i < KV_D; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), rv));
-    rope64_8(x + KV_NOPE, cs);
+    rope64_8(x + KV_NOPE, cs, 0);
     for (int i = 0; i < KV_D; i += 8) _mm256_storeu_ps(x + i, round_bf16_8(_mm256_loadu_ps(x + i)));
   }
 }
@@ -433,4 +437,43 @@ static void mla_store_avx2(uint8_t *data, uint8_t *sc, const float *v, int flush
   }
 }
 
-const tide_attn_kernels tide_attn_avx2 = {q_rows_avx2, attn_avx2, pool_avx2, iscore_avx2, mla_store_avx2};
+/* ---- indexer query and output path ---- */
+static void iq_rows_avx2(uint8_t *q8, float *scales, const float *qi, int64_t nI, const float *cs) {
+  const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 hi = _mm256_set1_ps(448.0f), lo = _mm256_set1_ps(-448.0f);
+  const __m256i ord = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t h = 0; h < nI; h++) {
+    float v[KV_ID];
+    memcpy(v, qi + h * KV_ID, sizeof v);
+    rope64_8(v + 64, cs, 0);
+    for (int i = 64; i < KV_ID; i += 8) _mm256_storeu_ps(v + i, round_bf16_8(_mm256_loadu_ps(v + i)));
+    __m256 m = _mm256_set1_ps(1e-4f);
+    for (int i = 0; i < KV_ID; i += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(v + i), absm));
+    int e = tide_ceil_log2f(hmax8(m) / 448.0f);
+    __m256 mul = _mm256_castsi256_ps(_mm256_set1_epi32((127 - e) << 23));
+    for (int i = 0; i < KV_ID; i += 32) {
+      __m256i c[4];
+      for (int k = 0; k < 4; k++) {
+        __m256 y = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(v + i + 8 * k), mul), lo), hi);
+        c[k] = e4m3_codes(y, 0);
+      }
+      __m256i p = _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]), _mm256_packus_epi32(c[2], c[3]));
+      _mm256_storeu_si256((__m256i *)(q8 + h * KV_ID + i), _mm256_permutevar8x32_epi32(p, ord));
+    }
+    scales[h] = ldexpf(1.0f, e);
+  }
+}
+
+static void unrope_rows_avx2(float *out, const float *in, int64_t H, const float *cs) {
+  for (int64_t h = 0; h < H; h++) {
+    const float *x = in + h * KV_D;
+    float *y = out + h * KV_D, v[KV_ROPE];
+    if (y != x) memcpy(y, x, KV_NOPE * sizeof(float));
+    memcpy(v, x + KV_NOPE, sizeof v);
+    rope64_8(v, cs, 1);
+    for (int i = 0; i < KV_ROPE; i += 8) _mm256_storeu_ps(y + KV_NOPE + i, round_bf16_8(_mm256_loadu_ps(v + i)));
+  }
+}
+
+const tide_attn_kernels tide_attn_avx2 = {q_rows_avx2, attn_avx2, pool_avx2, iscore_avx2, mla_store_avx2,
+                                          iq_rows_avx2, unrope_rows_avx2};

@@ -119,6 +119,45 @@ static void fill_rand(float *x, int64_t n, float scale, int round) {
   for (int64_t i = 0; i < n; i++) x[i] = round ? rbf(urand() * scale) : urand() * scale;
 }
 
+/* indexer query bytes and the output path: AVX2 equal to the reference, bit for bit */
+static void test_units_iq_unrope(void) {
+#if defined(__x86_64__)
+  if (!tide_kernels_avx2()) return;
+  float cs[64];
+  for (int i = 0; i < 32; i++) {
+    float a = urand() * 100;
+    cs[i] = cosf(a);
+    cs[32 + i] = sinf(a);
+  }
+  int nis[] = {1, 3, 7, 64};
+  for (int k = 0; k < 4; k++) {
+    int64_t nI = nis[k];
+    float *qi = tide_xmalloc((size_t)nI * 128 * 4), s1[64], s2[64];
+    fill_rand(qi, nI * 128, k == 1 ? 1e-3f : 4.0f, 1);
+    uint8_t *a = tide_xmalloc((size_t)nI * 128), *b = tide_xmalloc((size_t)nI * 128);
+    tide_attn_ref.iq_rows(a, s1, qi, nI, cs);
+    tide_attn_avx2.iq_rows(b, s2, qi, nI, cs);
+    TT_CHECK(!memcmp(a, b, (size_t)nI * 128) && !memcmp(s1, s2, (size_t)nI * 4), "iq_rows nI=%lld bytes", (long long)nI);
+    tide_xfree(qi);
+    tide_xfree(a);
+    tide_xfree(b);
+  }
+  int Hs[] = {1, 3, 7, 65};
+  for (int k = 0; k < 4; k++) {
+    int64_t H = Hs[k], n = H * 512;
+    float *x = tide_xmalloc((size_t)n * 4), *y1 = tide_xmalloc((size_t)n * 4), *y2 = tide_xmalloc((size_t)n * 4);
+    fill_rand(x, n, 2.0f, 1);
+    tide_attn_ref.unrope_rows(y1, x, H, cs);
+    tide_attn_avx2.unrope_rows(y2, x, H, cs);
+    TT_CHECK(!memcmp(y1, y2, (size_t)n * 4), "unrope_rows H=%lld bits", (long long)H);
+    /* inverse of the forward rotation: back to the input up to bf16 rounding */
+    tide_xfree(x);
+    tide_xfree(y1);
+    tide_xfree(y2);
+  }
+#endif
+}
+
 static void test_units_q_rows(void) {
 #if defined(__x86_64__)
   if (!tide_kernels_avx2()) return;
@@ -1328,7 +1367,7 @@ static void test_errors(void) {
   free(S);
 }
 
-TT_RUN(TT(test_units_q_rows), TT(test_units_attn), TT(test_units_pool_iscore), TT(test_mla_bytes),
+TT_RUN(TT(test_units_q_rows), TT(test_units_iq_unrope), TT(test_units_attn), TT(test_units_pool_iscore), TT(test_mla_bytes),
        TT(test_kv_insert_bytes), TT(test_oracle_short), TT(test_oracle_topk), TT(test_oracle_decode_2047), TT(test_invariance),
        TT(test_fork_snapshot_abort), TT(test_export_continue), TT(test_pitfalls_window_visibility), TT(test_pitfalls_c128_visible),
        TT(test_pitfalls_block_start_rope), TT(test_pitfalls_sink), TT(test_pitfalls_topk_decode), TT(test_topk_1024),
