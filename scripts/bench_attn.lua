@@ -70,8 +70,6 @@ local function fill_pages(cache, layer, kind, rows_per_page, row_data, row_extra
   for p = 0, pages - 1 do ffi.copy(base + p * stride, one, stride) end
 end
 
-local rows = {}
-local function row(...) rows[#rows + 1] = { ... } end
 
 -- ---- decode at several contexts ----
 local contexts = quick and { 4096, 65536 } or { 4096, 65536, 1048576 }
@@ -144,18 +142,18 @@ for _, r in ipairs(results) do
 end
 local r1, rn = results[1], results[#results]
 print("")
-print(("sparse attention %dK -> %dK: x%.2f (must stay <= 1.2)"):format(math.floor(r1.n / 1024), math.floor(rn.n / 1024), rn.t_attn / r1.t_attn))
+print(("sparse attention %dK -> %dK: x%.2f (must stay <= 1.2)"):format(math.floor(r1.n / 1024),
+  math.floor(rn.n / 1024), rn.t_attn / r1.t_attn))
 if r1.t_dense then
-  print(("dense implementation of the same math (f32 keys, tide.linear + softmax): %.0f µs/token, x%.1f the sparse kernel")
-    :format(r1.t_dense * 1e6, r1.t_dense / r1.t_attn))
+  print(("dense implementation of the same math (f32 keys, tide.linear + softmax): %.0f µs/token,"
+    .. " x%.1f the sparse kernel"):format(r1.t_dense * 1e6, r1.t_dense / r1.t_attn))
 end
-_ = row
 
 -- ---- prefill: a 4096-token chunk through one C4 layer ----
 do
   local T, CH = quick and 1024 or 4096, 1024
-  local cache = attn.cache({ ratios = { 4 }, swa_blocks = math.floor(T / 64) + 2, pages = math.floor(T / 256) + 2, max_seqs = 1,
-    keep_swa_history = true })
+  local cache = attn.cache({ ratios = { 4 }, swa_blocks = math.floor(T / 64) + 2, pages = math.floor(T / 256) + 2,
+    max_seqs = 1, keep_swa_history = true })
   local rope = attn.rope({ theta = 160000, yarn = { factor = 16, original_max = 65536 } })
   local s = cache:seq_new()
   local b = attn.batch(CH)
