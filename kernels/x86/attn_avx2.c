@@ -157,13 +157,13 @@ static void s_tile(float *S, int64_t ldS, const float *q, int64_t nh, const floa
 }
 
 /* O[h][d0..d0+32) += sum over the tile's nt keys of P[h][e] * Kr[e][..], HB heads */
-AI void pv_block(float *O, const float *P, int64_t ldS, const float *Kr, int nt, int HB) {
+AI void pv_block(float *O, const float *P, int64_t ldS, const float *Kr, int nt, int HB, int first) {
   for (int d0 = 0; d0 < KV_D; d0 += 32) {
     __m256 a[3][4];
     _Pragma("GCC unroll 8")
     for (int h = 0; h < HB; h++)
       _Pragma("GCC unroll 4")
-      for (int v = 0; v < 4; v++) a[h][v] = _mm256_loadu_ps(O + h * KV_D + d0 + 8 * v);
+      for (int v = 0; v < 4; v++) a[h][v] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(O + h * KV_D + d0 + 8 * v);
     for (int e = 0; e < nt; e++) {
       __m256 k0 = _mm256_loadu_ps(Kr + e * KV_D + d0), k1 = _mm256_loadu_ps(Kr + e * KV_D + d0 + 8);
       __m256 k2 = _mm256_loadu_ps(Kr + e * KV_D + d0 + 16), k3 = _mm256_loadu_ps(Kr + e * KV_D + d0 + 24);
@@ -182,11 +182,11 @@ AI void pv_block(float *O, const float *P, int64_t ldS, const float *Kr, int nt,
       for (int v = 0; v < 4; v++) _mm256_storeu_ps(O + h * KV_D + d0 + 8 * v, a[h][v]);
   }
 }
-static void pv_tile(float *O, const float *P, int64_t ldS, int64_t nh, const float *Kr, int nt) {
+static void pv_tile(float *O, const float *P, int64_t ldS, int64_t nh, const float *Kr, int nt, int first) {
   int64_t h = 0;
-  for (; h + 3 <= nh; h += 3) pv_block(O + h * KV_D, P + h * ldS, ldS, Kr, nt, 3);
-  if (nh - h == 2) pv_block(O + h * KV_D, P + h * ldS, ldS, Kr, nt, 2);
-  if (nh - h == 1) pv_block(O + h * KV_D, P + h * ldS, ldS, Kr, nt, 1);
+  for (; h + 3 <= nh; h += 3) pv_block(O + h * KV_D, P + h * ldS, ldS, Kr, nt, 3, first);
+  if (nh - h == 2) pv_block(O + h * KV_D, P + h * ldS, ldS, Kr, nt, 2, first);
+  if (nh - h == 1) pv_block(O + h * KV_D, P + h * ldS, ldS, Kr, nt, 1, first);
 }
 
 /* keys e0..e0+nt of the list into Kr [16][512] (rows >= nt zero) and, when
@@ -272,11 +272,10 @@ static void attn_avx2(float *out, float *stats, const float *q, int64_t nh, cons
     zw[h] = hsum8(w8);
   }
   /* pass 2: P . V with V = K, keys in list order */
-  memset(O, 0, (size_t)nh * KV_D * sizeof(float));
   for (int64_t e0 = 0; e0 < nk; e0 += TK) {
     int nt = nk - e0 < TK ? (int)(nk - e0) : TK;
     load_tile(Kr, NULL, kd, ks, e0, nt);
-    pv_tile(O, S + e0, ldS, nh, Kr, nt);
+    pv_tile(O, S + e0, ldS, nh, Kr, nt, e0 == 0);
   }
   for (int64_t h = 0; h < nh; h++) {
     float m = mx[h], z = zs[h];

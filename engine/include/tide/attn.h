@@ -257,7 +257,7 @@ int tide_attn_indexer_topk(tide_kvcache *c, int32_t layer, const tide_tensor *q8
  * s_e = scale * q.k_e; m = max s; P_e = exp(s_e - m) (bf16-rounded for P.V,
  * unrounded in the sum); out = sum P_e k_e / (sum P_e + exp(sink_h - m)),
  * rounded to bf16; zero when no candidate is valid. Softmax is exact over the
- * whole candidate list (global max, keys processed in tiles of 64 from its
+ * whole candidate list (global max, keys processed in tiles of 16 from its
  * start), which is what the reference model computes.
  * out f32 [T, H, 512]; q f32 [T, H, 512]; sink f32 [H]; topk i32 [T, K] or
  * NULL; stats NULL or f32 [T, H, 4]: probability mass on the window, on the
