@@ -147,6 +147,14 @@ typedef struct tide_attn_kernels {
    * w[h] * relu(q[h] . k8[i]) (q: fp8 values decoded to f32, [nI,128]) */
   void (*iscore)(float *out, int64_t n, const uint8_t *k8, const float *ks, const float *q,
                  const float *w, int64_t nI);
+  /* fp8_ds_mla store of one 512-vector (see tide_mla_store): same bytes */
+  void (*mla_store)(uint8_t *data, uint8_t *sc, const float *v, int flush);
+  /* one token's indexer query: nI heads of 128, RoPE on 64..127, rotated
+   * dims bf16, fp8 with a power-of-two scale per head -> q8, scales[nI] */
+  void (*iq_rows)(uint8_t *q8, float *scales, const float *qi, int64_t nI, const float *cs);
+  /* one token's output path: H heads, dims 448..511 inverse-rotated and
+   * rounded to bf16, others copied (out may be in) */
+  void (*unrope_rows)(float *out, const float *in, int64_t H, const float *cs);
 } tide_attn_kernels;
 
 int64_t tide_attn_scratch_floats(int64_t nh, int64_t nk);

@@ -694,7 +694,6 @@ int tide_batch_set(tide_batch *b, int32_t n, const int32_t *seqs, const int64_t 
   if (b->cache) return TIDE_ERR(TIDE_E_STATE, "the batch is prepared: commit or abort it first");
   if (n < 0 || n > b->max_tokens) return TIDE_ERR(TIDE_E_RANGE, "%d tokens, capacity %d", n, b->max_tokens);
   if (n > 0 && (!seqs || !pos)) return TIDE_ERR(TIDE_E_INVALID, "seqs or pos is NULL");
-  int32_t on = b->n, oruns = b->n_runs;
   b->n = 0;
   b->n_runs = 0;
   for (int32_t i = 0; i < n; i++) {
@@ -703,8 +702,6 @@ int tide_batch_set(tide_batch *b, int32_t n, const int32_t *seqs, const int64_t 
       /* leave an empty batch rather than a partial one */
       b->n = 0;
       b->n_runs = 0;
-      (void)on;
-      (void)oruns;
       return tide_error_wrap(rc, "token %d", i);
     }
   }
@@ -912,6 +909,7 @@ int tide_kv_check_step(const char *fn, const tide_kvcache *c, const tide_batch *
 int tide_kv_scratch(tide_kvcache *c, int t, int64_t n) {
   if (t < 0 || t >= KV_MAXTHREADS) return TIDE_ERR(TIDE_E_INTERNAL, "thread %d", t);
   if (n <= c->scratch_cap[t]) return TIDE_OK;
+  n += n / 2; /* geometric: a growing context reallocates rarely */
   float *p = tide_xrealloc(c->scratch[t], (size_t)n * sizeof(float));
   if (!p) return TIDE_ERR(TIDE_E_NOMEM, "scratch of %lld floats", (long long)n);
   c->scratch[t] = p;

@@ -130,6 +130,7 @@ int tide_attn_kv_insert(tide_kvcache *c, int32_t layer, const tide_tensor *kv, c
   TIDE_CHECK(check_rows(__func__, "kv", kv, b->n, KV_D));
   const kv_layer *ly = &c->layers[layer];
   int64_t B = c->cfg.swa_block;
+  const tide_attn_kernels *K = tide_attn_kernels_get();
 #pragma omp parallel for schedule(static) if (b->n >= 16)
   for (int32_t t = 0; t < b->n; t++) {
     float v[KV_D], tmp[64];
@@ -138,7 +139,7 @@ int tide_attn_kv_insert(tide_kvcache *c, int32_t layer, const tide_tensor *kv, c
     for (int i = 0; i < KV_D; i++) v[i] = tide_round_bf16(v[i]);
     int64_t off;
     uint8_t *blk = kv_swa_block(c, ly, &c->seqs[b->seq[t]], b->pos[t], &off);
-    tide_mla_store(blk + off * KV_DATA, blk + B * KV_DATA + off * 8, v, 1);
+    K->mla_store(blk + off * KV_DATA, blk + B * KV_DATA + off * 8, v, 1);
   }
   return TIDE_OK;
 }
@@ -202,7 +203,7 @@ static void comp_entry(const comp_args *A, const tide_attn_kernels *K, int r, in
   if (!A->indexer) {
     for (int i = 0; i < KV_NOPE; i++) out[i] = tide_round_bf16(out[i]);
     tide_rope64(out + KV_NOPE, cs, 0);
-    tide_mla_store(blk + off * KV_DATA, blk + ly->E * KV_DATA + off * 8, out, 0);
+    K->mla_store(blk + off * KV_DATA, blk + ly->E * KV_DATA + off * 8, out, 0);
   } else {
     tide_rope64(out + 64, cs, 0);
     for (int i = 0; i < KV_ID; i++) out[i] = tide_round_bf16(out[i]);
@@ -282,17 +283,17 @@ int tide_attn_indexer_q(tide_tensor *q8, tide_tensor *w, const tide_tensor *qi, 
   TIDE_CHECK(check_rows(__func__, "w", w, b->n, nI));
   const float *qd = qi->data;
   uint8_t *o8 = q8->data;
+  const tide_attn_kernels *K = tide_attn_kernels_get();
 #pragma omp parallel for schedule(static) if (b->n >= 16)
   for (int32_t t = 0; t < b->n; t++) {
-    float tmp[64], v[KV_ID];
+    float tmp[64], sc[256];
     const float *cs = tide_rope_row(rope, b->pos[t], tmp);
-    for (int64_t h = 0; h < nI; h++) {
-      memcpy(v, qd + ((int64_t)t * nI + h) * KV_ID, sizeof v);
-      tide_rope64(v + 64, cs, 0);
-      for (int i = 64; i < KV_ID; i++) v[i] = tide_round_bf16(v[i]);
-      float s = tide_idx_quant(o8 + ((int64_t)t * nI + h) * KV_ID, v, KV_ID);
-      float wr = ((const float *)w_raw->data)[t * w_raw->strides[0] + h];
-      ((float *)w->data)[t * w->strides[0] + h] = wr * s * wscale;
+    for (int64_t h0 = 0; h0 < nI; h0 += 256) {
+      int64_t nh = nI - h0 < 256 ? nI - h0 : 256;
+      K->iq_rows(o8 + ((int64_t)t * nI + h0) * KV_ID, sc, qd + ((int64_t)t * nI + h0) * KV_ID, nh, cs);
+      const float *wr = (const float *)w_raw->data + t * w_raw->strides[0] + h0;
+      float *wo = (float *)w->data + t * w->strides[0] + h0;
+      for (int64_t h = 0; h < nh; h++) wo[h] = wr[h] * sc[h] * wscale;
     }
   }
   return TIDE_OK;
@@ -332,7 +333,7 @@ static void select_topk(int32_t *out, const float *sc, int64_t n, int64_t K, sel
   qsort(out, (size_t)K, sizeof(int32_t), cmp_i32);
 }
 
-enum { ISCORE_CHUNK = 2048, ISCORE_BUDGET = 1 << 24 };
+enum { ISCORE_BUDGET = 1 << 24 };
 
 int tide_attn_indexer_topk(tide_kvcache *c, int32_t layer, const tide_tensor *q8, const tide_tensor *w,
                            const tide_batch *b, tide_tensor *topk, tide_tensor *scores) {
@@ -367,10 +368,11 @@ int tide_attn_indexer_topk(tide_kvcache *c, int32_t layer, const tide_tensor *q8
   if (group < 1) group = 1;
   if (group > n_scored) group = n_scored;
   if (c->shared_cap < group * max_n) {
-    float *p = tide_xrealloc(c->shared, (size_t)(group * max_n) * sizeof(float));
-    if (!p) return TIDE_ERR(TIDE_E_NOMEM, "indexer scores of %lld floats", (long long)(group * max_n));
+    int64_t cap = group * max_n + group * max_n / 2; /* grow-only, geometric */
+    float *p = tide_xrealloc(c->shared, (size_t)cap * sizeof(float));
+    if (!p) return TIDE_ERR(TIDE_E_NOMEM, "indexer scores of %lld floats", (long long)cap);
     c->shared = p;
-    c->shared_cap = group * max_n;
+    c->shared_cap = cap;
   }
   int nth = tide_omp_threads();
   if (nth > KV_MAXTHREADS) nth = KV_MAXTHREADS;
@@ -386,13 +388,17 @@ int tide_attn_indexer_topk(tide_kvcache *c, int32_t layer, const tide_tensor *q8
     for (; t_next < b->n && gn < group && gn < 256; t_next++)
       if ((b->pos[t_next] + 1) / 4 > K) gt[gn++] = t_next;
     if (!gn) break;
-    int64_t nchunks = (max_n + ISCORE_CHUNK - 1) / ISCORE_CHUNK;
+    /* entry chunks: enough work items for every thread even for one token
+     * (each logit is computed on its own, so the split changes no bit) */
+    int64_t chunk = (max_n * gn + 4 * nth - 1) / (4 * nth) / gn;
+    chunk = chunk < 256 ? 256 : chunk > 8192 ? 8192 : (chunk + 63) / 64 * 64;
+    int64_t nchunks = (max_n + chunk - 1) / chunk;
     float *sc = c->shared;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t it = 0; it < gn * nchunks; it++) {
       int64_t gi = it / nchunks, ch = it % nchunks;
       int32_t t = gt[gi];
-      int64_t n = (b->pos[t] + 1) / 4, j0 = ch * ISCORE_CHUNK, j1 = j0 + ISCORE_CHUNK;
+      int64_t n = (b->pos[t] + 1) / 4, j0 = ch * chunk, j1 = j0 + chunk;
       if (j1 > n) j1 = n;
       if (j0 >= j1) continue;
       float *qf = c->scratch[tide_omp_tid()];
@@ -451,8 +457,8 @@ int tide_attn_sparse(tide_tensor *out, const tide_tensor *q, tide_kvcache *c, in
   int64_t W = c->cfg.window, B = c->cfg.swa_block, nk_max = 0;
   for (int32_t t = 0; t < b->n; t++) {
     int64_t nc = r == 1 ? 0 : topk ? K : (b->pos[t] + 1) / r;
-    int64_t nw = b->pos[t] + 1 < W ? b->pos[t] + 1 : W;
-    if (nw + nc > nk_max) nk_max = nw + nc;
+    /* the full window, so that decode sizes its scratch once */
+    if (W + nc > nk_max) nk_max = W + nc;
   }
   int nth = tide_omp_threads();
   if (nth > KV_MAXTHREADS) nth = KV_MAXTHREADS;
@@ -517,19 +523,11 @@ int tide_attn_o_unrope(tide_tensor *out, const tide_tensor *in, const tide_batch
   if (out->sizes[1] != H) return TIDE_ERR(TIDE_E_INVALID, "out has %lld heads, in %lld", (long long)out->sizes[1], (long long)H);
   const float *id = in->data;
   float *od = out->data;
+  const tide_attn_kernels *K = tide_attn_kernels_get();
 #pragma omp parallel for schedule(static) if (b->n >= 16)
   for (int32_t t = 0; t < b->n; t++) {
     float tmp[64];
-    const float *cs = tide_rope_row(rope, b->pos[t], tmp);
-    for (int64_t h = 0; h < H; h++) {
-      const float *x = id + ((int64_t)t * H + h) * KV_D;
-      float *y = od + ((int64_t)t * H + h) * KV_D;
-      if (y != x) memcpy(y, x, KV_NOPE * sizeof(float));
-      float v[KV_ROPE];
-      memcpy(v, x + KV_NOPE, sizeof v);
-      tide_rope64(v, cs, 1);
-      for (int i = 0; i < KV_ROPE; i++) y[KV_NOPE + i] = tide_round_bf16(v[i]);
-    }
+    K->unrope_rows(od + (int64_t)t * H * KV_D, id + (int64_t)t * H * KV_D, H, tide_rope_row(rope, b->pos[t], tmp));
   }
   return TIDE_OK;
 }

@@ -104,4 +104,26 @@ static void iscore_ref(float *out, int64_t n, const uint8_t *k8, const float *ks
   }
 }
 
-const tide_attn_kernels tide_attn_ref = {q_rows_ref, attn_ref, pool_ref, iscore_ref};
+static void iq_rows_ref(uint8_t *q8, float *scales, const float *qi, int64_t nI, const float *cs) {
+  for (int64_t h = 0; h < nI; h++) {
+    float v[KV_ID];
+    memcpy(v, qi + h * KV_ID, sizeof v);
+    tide_rope64(v + 64, cs, 0);
+    for (int i = 64; i < KV_ID; i++) v[i] = tide_round_bf16(v[i]);
+    scales[h] = tide_idx_quant(q8 + h * KV_ID, v, KV_ID);
+  }
+}
+
+static void unrope_rows_ref(float *out, const float *in, int64_t H, const float *cs) {
+  for (int64_t h = 0; h < H; h++) {
+    const float *x = in + h * KV_D;
+    float *y = out + h * KV_D, v[KV_ROPE];
+    if (y != x) memcpy(y, x, KV_NOPE * sizeof(float));
+    memcpy(v, x + KV_NOPE, sizeof v);
+    tide_rope64(v, cs, 1);
+    for (int i = 0; i < KV_ROPE; i++) y[KV_NOPE + i] = tide_round_bf16(v[i]);
+  }
+}
+
+const tide_attn_kernels tide_attn_ref = {q_rows_ref, attn_ref, pool_ref, iscore_ref, tide_mla_store, iq_rows_ref,
+                                         unrope_rows_ref};

@@ -82,9 +82,12 @@ AI void mla_load8(float *out, const uint8_t *data, const uint8_t *sc) {
   }
 }
 
-/* GPT-J rotation of 64 dims: pairs (e, o) -> (e c - o s, e s + o c) */
-AI void rope64_8(float *x, const float *cs) {
+/* GPT-J rotation of 64 dims: pairs (e, o) -> (e c - o s, e s + o c), or the
+ * inverse (e c + o s, o c - e s). Products rounded, then added (no FMA), so
+ * the bits equal tide_rope64's. */
+AI void rope64_8(float *x, const float *cs, int inverse) {
   const __m256i i0 = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), i1 = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
+  const __m256 neg = _mm256_set1_ps(-0.0f);
   for (int k = 0; k < 4; k++) {
     __m256 c = _mm256_loadu_ps(cs + 8 * k), s = _mm256_loadu_ps(cs + 32 + 8 * k);
     for (int half = 0; half < 2; half++) {
@@ -92,8 +95,9 @@ AI void rope64_8(float *x, const float *cs) {
       __m256 cd = _mm256_permutevar8x32_ps(c, ix), sd = _mm256_permutevar8x32_ps(s, ix);
       float *p = x + 16 * k + 8 * half;
       __m256 v = _mm256_loadu_ps(p);
-      __m256 sw = _mm256_permute_ps(v, 0xB1);
-      _mm256_storeu_ps(p, _mm256_fmaddsub_ps(v, cd, _mm256_mul_ps(sw, sd)));
+      __m256 t = _mm256_mul_ps(_mm256_permute_ps(v, 0xB1), sd);
+      if (inverse) t = _mm256_xor_ps(t, neg);
+      _mm256_storeu_ps(p, _mm256_addsub_ps(_mm256_mul_ps(v, cd), t));
     }
   }
 }
@@ -110,7 +114,7 @@ static void q_rows_avx2(float *q, int64_t H, const float *cs, float eps) {
     float r = (float)(1.0 / sqrt((double)hsum8(ss) / KV_D + eps));
     __m256 rv = _mm256_set1_ps(r);
     for (int i = 0; i < KV_D; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), rv));
-    rope64_8(x + KV_NOPE, cs);
+    rope64_8(x + KV_NOPE, cs, 0);
     for (int i = 0; i < KV_D; i += 8) _mm256_storeu_ps(x + i, round_bf16_8(_mm256_loadu_ps(x + i)));
   }
 }
@@ -121,9 +125,11 @@ enum { TK = 16 };   /* keys per tile */
 /* S[h][0..16) = scale * q_h . Kt (Kt: [512][16] transposed keys), HB heads */
 AI void s_block(float *S, int64_t ldS, const float *q, const float *Kt, int HB, float scale) {
   __m256 a0[6], a1[6];
+  _Pragma("GCC unroll 8")
   for (int h = 0; h < HB; h++) a0[h] = a1[h] = _mm256_setzero_ps();
   for (int d = 0; d < KV_D; d++) {
     __m256 k0 = _mm256_loadu_ps(Kt + d * TK), k1 = _mm256_loadu_ps(Kt + d * TK + 8);
+    _Pragma("GCC unroll 8")
     for (int h = 0; h < HB; h++) {
       __m256 qb = _mm256_broadcast_ss(q + h * KV_D + d);
       a0[h] = _mm256_fmadd_ps(qb, k0, a0[h]);
@@ -131,6 +137,7 @@ AI void s_block(float *S, int64_t ldS, const float *q, const float *Kt, int HB, 
     }
   }
   __m256 sv = _mm256_set1_ps(scale);
+  _Pragma("GCC unroll 8")
   for (int h = 0; h < HB; h++) {
     _mm256_storeu_ps(S + h * ldS, _mm256_mul_ps(a0[h], sv));
     _mm256_storeu_ps(S + h * ldS + 8, _mm256_mul_ps(a1[h], sv));
@@ -150,14 +157,17 @@ static void s_tile(float *S, int64_t ldS, const float *q, int64_t nh, const floa
 }
 
 /* O[h][d0..d0+32) += sum over the tile's nt keys of P[h][e] * Kr[e][..], HB heads */
-AI void pv_block(float *O, const float *P, int64_t ldS, const float *Kr, int nt, int HB) {
+AI void pv_block(float *O, const float *P, int64_t ldS, const float *Kr, int nt, int HB, int first) {
   for (int d0 = 0; d0 < KV_D; d0 += 32) {
     __m256 a[3][4];
+    _Pragma("GCC unroll 8")
     for (int h = 0; h < HB; h++)
-      for (int v = 0; v < 4; v++) a[h][v] = _mm256_loadu_ps(O + h * KV_D + d0 + 8 * v);
+      _Pragma("GCC unroll 4")
+      for (int v = 0; v < 4; v++) a[h][v] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(O + h * KV_D + d0 + 8 * v);
     for (int e = 0; e < nt; e++) {
       __m256 k0 = _mm256_loadu_ps(Kr + e * KV_D + d0), k1 = _mm256_loadu_ps(Kr + e * KV_D + d0 + 8);
       __m256 k2 = _mm256_loadu_ps(Kr + e * KV_D + d0 + 16), k3 = _mm256_loadu_ps(Kr + e * KV_D + d0 + 24);
+      _Pragma("GCC unroll 8")
       for (int h = 0; h < HB; h++) {
         __m256 p = _mm256_broadcast_ss(P + h * ldS + e);
         a[h][0] = _mm256_fmadd_ps(p, k0, a[h][0]);
@@ -166,15 +176,17 @@ AI void pv_block(float *O, const float *P, int64_t ldS, const float *Kr, int nt,
         a[h][3] = _mm256_fmadd_ps(p, k3, a[h][3]);
       }
     }
+    _Pragma("GCC unroll 8")
     for (int h = 0; h < HB; h++)
+      _Pragma("GCC unroll 4")
       for (int v = 0; v < 4; v++) _mm256_storeu_ps(O + h * KV_D + d0 + 8 * v, a[h][v]);
   }
 }
-static void pv_tile(float *O, const float *P, int64_t ldS, int64_t nh, const float *Kr, int nt) {
+static void pv_tile(float *O, const float *P, int64_t ldS, int64_t nh, const float *Kr, int nt, int first) {
   int64_t h = 0;
-  for (; h + 3 <= nh; h += 3) pv_block(O + h * KV_D, P + h * ldS, ldS, Kr, nt, 3);
-  if (nh - h == 2) pv_block(O + h * KV_D, P + h * ldS, ldS, Kr, nt, 2);
-  if (nh - h == 1) pv_block(O + h * KV_D, P + h * ldS, ldS, Kr, nt, 1);
+  for (; h + 3 <= nh; h += 3) pv_block(O + h * KV_D, P + h * ldS, ldS, Kr, nt, 3, first);
+  if (nh - h == 2) pv_block(O + h * KV_D, P + h * ldS, ldS, Kr, nt, 2, first);
+  if (nh - h == 1) pv_block(O + h * KV_D, P + h * ldS, ldS, Kr, nt, 1, first);
 }
 
 /* keys e0..e0+nt of the list into Kr [16][512] (rows >= nt zero) and, when
@@ -260,11 +272,10 @@ static void attn_avx2(float *out, float *stats, const float *q, int64_t nh, cons
     zw[h] = hsum8(w8);
   }
   /* pass 2: P . V with V = K, keys in list order */
-  memset(O, 0, (size_t)nh * KV_D * sizeof(float));
   for (int64_t e0 = 0; e0 < nk; e0 += TK) {
     int nt = nk - e0 < TK ? (int)(nk - e0) : TK;
     load_tile(Kr, NULL, kd, ks, e0, nt);
-    pv_tile(O, S + e0, ldS, nh, Kr, nt);
+    pv_tile(O, S + e0, ldS, nh, Kr, nt, e0 == 0);
   }
   for (int64_t h = 0; h < nh; h++) {
     float m = mx[h], z = zs[h];
@@ -308,9 +319,11 @@ static void pool_avx2(float *out, int64_t dc, int64_t n, const float *const *a, 
 /* tot[16] += sum over HB heads (in order) of w_h * relu(q_h . Kt) */
 AI void is_block(__m256 *t0, __m256 *t1, const float *q, const float *w, const float *Kt, int HB) {
   __m256 a0[6], a1[6];
+  _Pragma("GCC unroll 8")
   for (int h = 0; h < HB; h++) a0[h] = a1[h] = _mm256_setzero_ps();
   for (int d = 0; d < KV_ID; d++) {
     __m256 k0 = _mm256_loadu_ps(Kt + d * 16), k1 = _mm256_loadu_ps(Kt + d * 16 + 8);
+    _Pragma("GCC unroll 8")
     for (int h = 0; h < HB; h++) {
       __m256 qb = _mm256_broadcast_ss(q + h * KV_ID + d);
       a0[h] = _mm256_fmadd_ps(qb, k0, a0[h]);
@@ -318,6 +331,7 @@ AI void is_block(__m256 *t0, __m256 *t1, const float *q, const float *w, const f
     }
   }
   const __m256 z = _mm256_setzero_ps();
+  _Pragma("GCC unroll 8")
   for (int h = 0; h < HB; h++) {
     __m256 wv = _mm256_broadcast_ss(w + h);
     *t0 = _mm256_fmadd_ps(wv, _mm256_max_ps(a0[h], z), *t0);
@@ -365,4 +379,100 @@ static void iscore_avx2(float *out, int64_t n, const uint8_t *k8, const float *k
   }
 }
 
-const tide_attn_kernels tide_attn_avx2 = {q_rows_avx2, attn_avx2, pool_avx2, iscore_avx2};
+/* ---- fp8_ds_mla store (same bytes as tide_mla_store) ---- */
+/* e4m3 codes (0..0x7e, sign in bit 7) of 8 clamped values; flush: |x| < 2^-6 -> +0 */
+AI __m256i e4m3_codes(__m256 x, int flush) {
+  const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), tiny = _mm256_set1_ps(0.015625f);
+  __m256 ax = _mm256_and_ps(x, absm);
+  __m256i sign = _mm256_srli_epi32(_mm256_castps_si256(_mm256_andnot_ps(absm, x)), 24);
+  __m256 sub = _mm256_cmp_ps(ax, tiny, _CMP_LT_OQ);
+  __m256i cs = _mm256_cvtps_epi32(_mm256_mul_ps(ax, _mm256_set1_ps(512.0f))); /* RNE */
+  __m256i u = _mm256_castps_si256(ax);
+  u = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7ffff), _mm256_and_si256(_mm256_srli_epi32(u, 20), _mm256_set1_epi32(1))));
+  __m256i cn = _mm256_sub_epi32(_mm256_srli_epi32(u, 20), _mm256_set1_epi32(120 << 3));
+  cn = _mm256_min_epi32(cn, _mm256_set1_epi32(0x7e));
+  __m256i code = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(cn), _mm256_castsi256_ps(cs), sub));
+  code = _mm256_or_si256(code, sign);
+  if (flush) code = _mm256_andnot_si256(_mm256_castps_si256(sub), code);
+  return code;
+}
+/* bf16 bits of 8 values (RNE, NaN quiet), in the low 16 bits of each lane */
+AI __m256i bf16_bits8(__m256 x) {
+  __m256i u = _mm256_castps_si256(x);
+  __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1))));
+  __m256i q = _mm256_or_si256(u, _mm256_set1_epi32(0x00400000));
+  __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+  return _mm256_srli_epi32(_mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(q), nan)), 16);
+}
+
+static void mla_store_avx2(uint8_t *data, uint8_t *sc, const float *v, int flush) {
+  const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256i ord = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int t = 0; t < 7; t++) {
+    const float *x = v + 64 * t;
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < 64; i += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + i), absm));
+    float s = fmaxf(hmax8(m) / 448.0f, 1e-4f);
+    int e = tide_ceil_log2f(s);
+    sc[t] = (uint8_t)(e + 127);
+    __m256 mul = _mm256_castsi256_ps(_mm256_set1_epi32((127 - e) << 23));
+    const __m256 hi = _mm256_set1_ps(448.0f), lo = _mm256_set1_ps(-448.0f);
+    for (int i = 0; i < 64; i += 32) {
+      __m256i c[4];
+      for (int k = 0; k < 4; k++) {
+        __m256 y = _mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * k), mul);
+        y = _mm256_min_ps(_mm256_max_ps(y, lo), hi);
+        c[k] = e4m3_codes(y, flush);
+      }
+      __m256i p = _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]), _mm256_packus_epi32(c[2], c[3]));
+      _mm256_storeu_si256((__m256i *)(data + 64 * t + i), _mm256_permutevar8x32_epi32(p, ord));
+    }
+  }
+  sc[7] = 0;
+  for (int i = 0; i < KV_ROPE; i += 16) {
+    __m256i a = bf16_bits8(_mm256_loadu_ps(v + KV_NOPE + i)), b = bf16_bits8(_mm256_loadu_ps(v + KV_NOPE + i + 8));
+    __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8);
+    _mm256_storeu_si256((__m256i *)(data + KV_NOPE + 2 * i), p);
+  }
+}
+
+/* ---- indexer query and output path ---- */
+static void iq_rows_avx2(uint8_t *q8, float *scales, const float *qi, int64_t nI, const float *cs) {
+  const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 hi = _mm256_set1_ps(448.0f), lo = _mm256_set1_ps(-448.0f);
+  const __m256i ord = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t h = 0; h < nI; h++) {
+    float v[KV_ID];
+    memcpy(v, qi + h * KV_ID, sizeof v);
+    rope64_8(v + 64, cs, 0);
+    for (int i = 64; i < KV_ID; i += 8) _mm256_storeu_ps(v + i, round_bf16_8(_mm256_loadu_ps(v + i)));
+    __m256 m = _mm256_set1_ps(1e-4f);
+    for (int i = 0; i < KV_ID; i += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(v + i), absm));
+    int e = tide_ceil_log2f(hmax8(m) / 448.0f);
+    __m256 mul = _mm256_castsi256_ps(_mm256_set1_epi32((127 - e) << 23));
+    for (int i = 0; i < KV_ID; i += 32) {
+      __m256i c[4];
+      for (int k = 0; k < 4; k++) {
+        __m256 y = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(v + i + 8 * k), mul), lo), hi);
+        c[k] = e4m3_codes(y, 0);
+      }
+      __m256i p = _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]), _mm256_packus_epi32(c[2], c[3]));
+      _mm256_storeu_si256((__m256i *)(q8 + h * KV_ID + i), _mm256_permutevar8x32_epi32(p, ord));
+    }
+    scales[h] = ldexpf(1.0f, e);
+  }
+}
+
+static void unrope_rows_avx2(float *out, const float *in, int64_t H, const float *cs) {
+  for (int64_t h = 0; h < H; h++) {
+    const float *x = in + h * KV_D;
+    float *y = out + h * KV_D, v[KV_ROPE];
+    if (y != x) memcpy(y, x, KV_NOPE * sizeof(float));
+    memcpy(v, x + KV_NOPE, sizeof v);
+    rope64_8(v, cs, 1);
+    for (int i = 0; i < KV_ROPE; i += 8) _mm256_storeu_ps(y + KV_NOPE + i, round_bf16_8(_mm256_loadu_ps(v + i)));
+  }
+}
+
+const tide_attn_kernels tide_attn_avx2 = {q_rows_avx2, attn_avx2, pool_avx2, iscore_avx2, mla_store_avx2,
+                                          iq_rows_avx2, unrope_rows_avx2};

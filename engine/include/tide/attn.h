@@ -58,7 +58,7 @@ typedef struct tide_kvcache_config {
   int32_t head_dim;          /* 512 (only value supported) */
   int32_t rope_dim;          /* 64 (only value supported) */
   int32_t index_head_dim;    /* 128 (only value supported) */
-  int32_t window;            /* sliding window incl. the current token, 128; 1..swa_block*... */
+  int32_t window;            /* sliding window incl. the current token, 0 = 128 */
   int32_t swa_block;         /* positions per SWA block, 0 = 64 */
   int32_t page_tokens;       /* positions per compressed page, 0 = 256; multiple of 128 */
   int32_t swa_blocks;        /* SWA pool capacity in blocks (each covers every layer) */
@@ -257,7 +257,7 @@ int tide_attn_indexer_topk(tide_kvcache *c, int32_t layer, const tide_tensor *q8
  * s_e = scale * q.k_e; m = max s; P_e = exp(s_e - m) (bf16-rounded for P.V,
  * unrounded in the sum); out = sum P_e k_e / (sum P_e + exp(sink_h - m)),
  * rounded to bf16; zero when no candidate is valid. Softmax is exact over the
- * whole candidate list (global max, keys processed in tiles of 64 from its
+ * whole candidate list (global max, keys processed in tiles of 16 from its
  * start), which is what the reference model computes.
  * out f32 [T, H, 512]; q f32 [T, H, 512]; sink f32 [H]; topk i32 [T, K] or
  * NULL; stats NULL or f32 [T, H, 4]: probability mass on the window, on the
