@@ -10,16 +10,18 @@
 --     (grouping, gathering, SwiGLU, combining); the same block with f32
 --     experts, whose products go to oneDNN, shows the block at a bandwidth-
 --     bound product speed.
--- Medians of several runs. Usage: tide scripts/bench_ops.lua [--quick] [--full]
---   --quick: fewer runs, no MXFP4 T = 64 step; --full: 3 runs of that step.
+-- Medians of several runs. Usage: tide scripts/bench_ops.lua [--quick] [--full] [--no-moe]
+--   --quick: fewer runs, no MXFP4 T = 64 step; --full: 3 runs of that step;
+--   --no-moe: the per-token kernels only.
 local tide = require("tide")
 local ops = tide.ops
 local C = tide.C
 
-local quick, full = false, false
+local quick, full, no_moe = false, false, false
 for i = 1, #arg do
   if arg[i] == "--quick" then quick = true end
   if arg[i] == "--full" then full = true end
+  if arg[i] == "--no-moe" then no_moe = true end
 end
 local RUNS = quick and 3 or 7
 
@@ -100,6 +102,8 @@ print()
 print("| kernel | T | µs per token | note |")
 print("|---|---|---|---|")
 for _, r in ipairs(rows) do print(r) end
+
+if no_moe then return end
 
 -- ---- the MoE block ----
 local NE = 16
