@@ -770,6 +770,77 @@ static void test_elementwise_bitwise(void) {
   }
 }
 
+/* every per-token kernel gives the same bits with 1 and 2 threads, and for a
+ * token alone (T large enough that the calls do split over threads) */
+static void test_thread_invariance(void) {
+  int64_t T = 65, d = 1000, hc = 4, E = 256, V = 300;
+  int k = 6;
+  size_t nX = (size_t)(T * hc * d), nx = (size_t)(T * d);
+  float *X = xalloc(nX * 4), *a = xalloc(nx * 4), *post = xalloc((size_t)(T * hc) * 4);
+  float *comb = xalloc((size_t)(T * hc * hc) * 4), *fn = xalloc((size_t)(hc * hc * d) * 4), base[4] = {0.1f, -0.2f, 0.3f, 0};
+  float *lg = xalloc((size_t)(T * E) * 4), *bias = xalloc((size_t)E * 4), s1 = 0.7f;
+  float *out[2], *wts[2];
+  int32_t *ids[2];
+  uint16_t *tab = xalloc((size_t)(V * d) * 2);
+  int64_t tok[65];
+  fill_bf16(X, (int64_t)nX, 1, 1);
+  fill_bf16(a, (int64_t)nx, 2, 1);
+  fill_f32(post, T * hc, 3, 1);
+  fill_f32(comb, T * hc * hc, 4, 0.3);
+  fill_f32(fn, hc * hc * d, 5, 0.02);
+  fill_f32(lg, T * E, 6, 2);
+  fill_f32(bias, E, 7, 0.1);
+  for (int64_t i = 0; i < V * d; i++) tab[i] = (uint16_t)(i * 2654435761u >> 17);
+  for (int64_t t = 0; t < T; t++) tok[t] = (t * 37) % V;
+  for (int i = 0; i < 2; i++) {
+    out[i] = xalloc(nX * 4);
+    wts[i] = xalloc((size_t)(T * k) * 4);
+    ids[i] = xalloc((size_t)(T * k) * 4);
+  }
+  int nthr = tide_threads_get();
+  for (int ref = 0; ref < 2; ref++) {
+    tide_kernels_force_ref(ref);
+    for (int op = 0; op < 6; op++) {
+      for (int th = 0; th < 3; th++) { /* 2 threads, 1 thread, token by token */
+        tide_threads_set(th == 1 ? 1 : 2);
+        int64_t t0 = 0, t1 = th == 2 ? 1 : T;
+        float *o = out[th ? 1 : 0];
+        for (; t0 < T; t0 = t1, t1 = th == 2 ? t0 + 1 : T) {
+          int64_t n = t1 - t0;
+          tide_tensor xt = tview(a + t0 * d, TIDE_F32, 2, n, d, 0), ot = tview(o + t0 * d, TIDE_F32, 2, n, d, 0);
+          tide_tensor Xt = tview(X + t0 * hc * d, TIDE_F32, 3, n, hc, d), Ot = tview(o + t0 * hc * d, TIDE_F32, 3, n, hc, d);
+          tide_tensor pt = tview(post + t0 * hc, TIDE_F32, 2, n, hc, 0), ct = tview(comb + t0 * hc * hc, TIDE_F32, 3, n, hc, hc);
+          tide_tensor lt = tview(lg + t0 * E, TIDE_F32, 2, n, E, 0), bt = tview(bias, TIDE_F32, 1, E, 0, 0);
+          tide_tensor it = tview(ids[th ? 1 : 0] + t0 * k, TIDE_I32, 2, n, k, 0), wt = tview(wts[th ? 1 : 0] + t0 * k, TIDE_F32, 2, n, k, 0);
+          tide_tensor tbt = tview(tab, TIDE_BF16, 2, V, d, 0), tkt = tview(tok + t0, TIDE_I64, 1, n, 0, 0);
+          tide_tensor fnt = tview(fn, TIDE_F32, 2, hc, hc * d, 0), st = tview(&s1, TIDE_F32, 1, 1, 0, 0), bst = tview(base, TIDE_F32, 1, hc, 0, 0);
+          tide_tensor gt = tview(X + t0 * 2 * d, TIDE_F32, 2, n, d, 0), ut = tview(X + t0 * 2 * d + d, TIDE_F32, 2, n, d, 0);
+          gt.strides[0] = ut.strides[0] = 2 * d;
+          tide_hc_cfg cfg = {20, TIDE_OPS_ROUND_BF16, 1e-6f, 1e-6f};
+          tide_route_cfg rc = {TIDE_SCORE_SQRTSOFTPLUS, 1, 1.5f, 0};
+          switch (op) {
+            case 0: TT_OK(tide_rmsnorm(&ot, &xt, NULL, 1e-6f, TIDE_OPS_ROUND_BF16)); break;
+            case 1: TT_OK(tide_embed(&Ot, &tbt, &tkt)); break;
+            case 2: TT_OK(tide_hc_post(&Ot, &xt, &Xt, &pt, &ct, TIDE_OPS_ROUND_BF16)); break;
+            case 3: TT_OK(tide_hc_head(&ot, &Xt, &fnt, &st, &bst, &cfg)); break;
+            case 4: TT_OK(tide_route_topk(&it, &wt, &lt, &bt, &rc)); break;
+            default: TT_OK(tide_swiglu(&ot, &gt, &ut, 10.0f, TIDE_OPS_ROUND_BF16)); break;
+          }
+        }
+        if (th == 0) continue;
+        size_t bytes = (op == 1 || op == 2) ? nX * 4 : nx * 4;
+        int same = op == 4 ? !memcmp(ids[0], ids[1], (size_t)(T * k) * 4) && !memcmp(wts[0], wts[1], (size_t)(T * k) * 4)
+                           : !memcmp(out[0], out[1], bytes);
+        TT_CHECK(same, "op %d (ref %d): %s differs from 2 threads", op, ref, th == 1 ? "1 thread" : "token by token");
+      }
+    }
+  }
+  tide_threads_set(nthr);
+  tide_kernels_force_ref(0);
+  for (int i = 0; i < 2; i++) free(out[i]), free(wts[i]), free(ids[i]);
+  free(X), free(a), free(post), free(comb), free(fn), free(lg), free(bias), free(tab);
+}
+
 static void test_no_leaks(void) {
   tide_alloc_stats st;
   tide_alloc_stats_get(&st);
@@ -778,4 +849,5 @@ static void test_no_leaks(void) {
 
 TT_RUN(TT(test_rmsnorm), TT(test_round), TT(test_embed), TT(test_hc_hand), TT(test_hc_pre_random),
        TT(test_hc_invariance), TT(test_mix_tiles), TT(test_hc_post), TT(test_hc_head), TT(test_hc_errors),
-       TT(test_route_topk), TT(test_route_hash), TT(test_swiglu), TT(test_elementwise_bitwise), TT(test_no_leaks))
+       TT(test_route_topk), TT(test_route_hash), TT(test_swiglu), TT(test_elementwise_bitwise), TT(test_thread_invariance),
+       TT(test_no_leaks))
