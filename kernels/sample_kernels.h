@@ -44,6 +44,8 @@ typedef struct tide_sample_kernels {
   int64_t (*collect)(int32_t *pos, const uint16_t *b, int64_t n, uint16_t v);
   /* p[i] *= s */
   void (*scale)(float *p, int64_t n, float s);
+  /* p[i] /= s (a division, as llama.cpp's temperature) */
+  void (*divide)(float *p, int64_t n, float s);
   /* id[i] = i */
   void (*iota)(int32_t *id, int64_t n);
 } tide_sample_kernels;

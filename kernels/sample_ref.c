@@ -128,12 +128,17 @@ static void scale_ref(float *p, int64_t n, float s) {
   for (int64_t i = 0; i < n; i++) p[i] *= s;
 }
 
+static void divide_ref(float *p, int64_t n, float s) {
+  for (int64_t i = 0; i < n; i++) p[i] /= s;
+}
+
 static void iota_ref(int32_t *id, int64_t n) {
   for (int64_t i = 0; i < n; i++) id[i] = (int32_t)i;
 }
 
 const tide_sample_kernels tide_sample_ref = {scan_ref,    expsum_ref,  blocksum_ref, find_ref,  count_ge_ref,
-                                             compact_ref, buckets_ref, collect_ref,  scale_ref, iota_ref};
+                                             compact_ref, buckets_ref, collect_ref,  scale_ref, divide_ref,
+                                             iota_ref};
 
 const tide_sample_kernels *tide_sample_kernels_get(void) {
 #if defined(__x86_64__)

@@ -302,6 +302,13 @@ static void scale_avx2(float *p, int64_t n, float s) {
   for (; i < n; i++) p[i] *= s;
 }
 
+static void divide_avx2(float *p, int64_t n, float s) {
+  __m256 vs = _mm256_set1_ps(s);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(p + i, _mm256_div_ps(_mm256_loadu_ps(p + i), vs));
+  for (; i < n; i++) p[i] /= s;
+}
+
 static void iota_avx2(int32_t *id, int64_t n) {
   __m256i v = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), step = _mm256_set1_epi32(8);
   int64_t i = 0;
@@ -313,4 +320,5 @@ static void iota_avx2(int32_t *id, int64_t n) {
 }
 
 const tide_sample_kernels tide_sample_avx2 = {scan_avx2,    expsum_avx2,  blocksum_avx2, find_avx2,  count_ge_avx2,
-                                              compact_avx2, buckets_avx2, collect_avx2,  scale_avx2, iota_avx2};
+                                              compact_avx2, buckets_avx2, collect_avx2,  scale_avx2, divide_avx2,
+                                              iota_avx2};

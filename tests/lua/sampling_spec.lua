@@ -410,7 +410,36 @@ describe("tide.sampling mirostat", function()
     assert.is_true(near(st.ss[1].mu, 2.0 - 0.5 * (surprise - 1.0), 1e-9))
   end)
 
-  it("v1 follows llama.cpp's estimate and keeps mu in snapshots", function()
+  it("v1 truncates to llama.cpp's estimated k and updates mu", function()
+    -- a Zipf distribution p_i ~ 1/(i+1)^1.2 over 500 tokens; m = 100
+    local V, tau, eta = 500, 3.0, 0.1
+    local lg = {}
+    for i = 1, V do lg[i] = -1.2 * math.log(i) end
+    local st = sampling.chain{ sampling.mirostat{ tau = tau, eta = eta, m = 100 } }:new_state{ seed = 2, logprobs = 0 }
+    local tok, info = st:sample(row(lg))
+    -- the same estimate, computed here from the definition
+    local z = 0
+    for i = 1, V do z = z + math.exp(lg[i]) end
+    local stb, stt = 0, 0
+    for i = 0, 98 do
+      local t = math.log((i + 2) / (i + 1))
+      local b = (lg[i + 1] - lg[i + 2])
+      stb, stt = stb + t * b, stt + t * t
+    end
+    local s_hat = stb / stt
+    assert.is_true(near(s_hat, 1.2, 1e-4))
+    local eps, mu = s_hat - 1, 2 * tau
+    local k = math.floor(((eps * 2 ^ mu) / (1 - V ^ (-eps))) ^ (1 / s_hat))
+    assert.equals(k, info.n_candidates)
+    assert.is_true(tok < k)
+    local pk = 0
+    for i = 1, k do pk = pk + math.exp(lg[i]) end
+    local p = math.exp(lg[tok + 1]) / pk
+    assert.is_true(near(info.p, p, 1e-5))
+    assert.is_true(near(st.ss[1].mu, mu - eta * (-math.log(p) / math.log(2) - tau), 1e-5))
+  end)
+
+  it("v1 keeps mu in snapshots", function()
     local s = sampling.chain{ sampling.mirostat{ tau = 3, eta = 0.1 } }
     local st = s:new_state{ seed = 1 }
     local logits = tide.randn({ 2000 }, { seed = 3, std = 2 })
@@ -426,6 +455,28 @@ describe("tide.sampling mirostat", function()
     local b = {}
     for i = 1, 5 do b[i] = st2:sample(logits); st2:accept(b[i]) end
     assert.same(a, b)
+  end)
+end)
+
+describe("tide.sampling memory", function()
+  it("frees everything a state and its samples allocated", function()
+    collectgarbage()
+    collectgarbage()
+    core.drain()
+    collectgarbage()
+    local before = tide.alloc_stats().live_allocs
+    do
+      local s = sampling.chain{ sampling.penalties{ last_n = 8, repeat_penalty = 1.2 }, sampling.top_k(5),
+        sampling.dist() }
+      local st = s:new_state{ seed = 1, logprobs = 2, trace = true }
+      local logits = tide.randn({ 3000 }, { seed = 1 })
+      for _ = 1, 20 do st:accept((st:sample(logits))) end
+      st:close()
+    end
+    core.drain()
+    collectgarbage()
+    collectgarbage()
+    assert.equals(before, tide.alloc_stats().live_allocs)
   end)
 end)
 

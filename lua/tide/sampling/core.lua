@@ -172,6 +172,10 @@ end
 function M.release(c)
   if #pool < 4 then pool[#pool + 1] = c end
 end
+-- Free the pooled sets (their memory goes back at the next GC).
+function M.drain()
+  for i = #pool, 1, -1 do pool[i] = nil end
+end
 
 -- ---- RNG ----------------------------------------------------------------------
 local Rng = {}
