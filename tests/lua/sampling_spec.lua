@@ -230,6 +230,32 @@ describe("tide.sampling chains", function()
     assert.matches("stage 1 %(lua@.-%) failed: .*duplicate", err)
   end)
 
+  it("runs the smoothing stage of docs/sampling.md over the survivors", function()
+    local function smooth(f)
+      return function(c)
+        local mx = c.logit[0]
+        for i = 1, c.n - 1 do mx = math.max(mx, c.logit[i]) end
+        for i = 0, c.n - 1 do
+          local d = mx - c.logit[i]
+          c.logit[i] = mx - f * d * d
+        end
+      end
+    end
+    local s = sampling.chain{ sampling.top_k(3), smooth(0.5), sampling.dist() }
+    local st = s:new_state{ seed = 1, trace = true }
+    st:sample(row({ 0, 1, 2, 3, 5 }))
+    -- survivors 5, 3, 2 -> 5, 5 - 0.5 * 4 = 3, 5 - 0.5 * 9 = 0.5
+    local z = math.exp(5) + math.exp(3) + math.exp(0.5)
+    local h = 0
+    for _, l in ipairs({ 5, 3, 0.5 }) do
+      local p = math.exp(l) / z
+      h = h - p * math.log(p)
+    end
+    local tr = st:trace()[1].stages[2]
+    assert.equals(3, tr.n_out)
+    assert.is_true(near(tr.entropy, h, 1e-5))
+  end)
+
   it("a stage that raises ends that sample with the message; the state goes on", function()
     local boom = true
     local s = sampling.chain{ function() if boom then error("boom", 0) end end, sampling.dist() }
