@@ -325,6 +325,7 @@ static void test_load_checks(void) {
   TT_FAILS(tide_cands_load(c, &t, 0), TIDE_E_INVALID, "larger than the set");
   tide_tensor_release(&t);
   tide_tensor m;
+  memset(&m, 0, sizeof m);
   int64_t sh[2] = {2, 5};
   TT_OK(tide_tensor_new(&m, TIDE_F32, 2, sh));
   TT_FAILS(tide_cands_load(c, &m, 0), TIDE_E_INVALID, "one contiguous row");
