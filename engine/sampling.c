@@ -72,6 +72,7 @@ typedef struct cpriv {
   int32_t *pos;        /* [cap] positions */
   int32_t *where;      /* [cap] id -> position (only entries of current ids are meaningful) */
   uint64_t *k1, *k2;   /* [cap] sort keys */
+  void *radix;         /* radix sort counters */
   float *key;          /* [cap] derived keys (typical) */
   double *bsum;        /* [cap / 64 + 1] block sums of the draw */
   int32_t *heap;       /* [cap] positions chosen by the heap */
@@ -159,7 +160,7 @@ void tide_cands_free(tide_cands *c) {
   if (!c) return;
   cpriv *pv = PRIV(c);
   if (pv) {
-    void *bufs[] = {pv->id2, pv->logit2, pv->p2, pv->pos, pv->where, pv->k1, pv->k2, pv->key,
+    void *bufs[] = {pv->id2, pv->logit2, pv->p2, pv->pos, pv->where, pv->k1, pv->k2, pv->radix, pv->key,
                     pv->bsum, pv->heap, pv->hents, pv->hcnt, pv->hmass, pv->bkt, pv->bits, pv->raw, pv->byid,
                     pv->tr_ids, pv->dry_rev, pv->dry_z, pv->dry_best, pv->dry_touched,
                     pv->bias_pos};
@@ -215,9 +216,11 @@ static void insertion_u64(uint64_t *a, int64_t n) {
   }
 }
 
-/* Sort a[0..n) ascending; tmp has room for n. Returns the buffer holding the
- * result (a or tmp). */
-static uint64_t *sort_u64(uint64_t *a, uint64_t *tmp, int64_t n) {
+enum { RADIX_DIGITS = 6, RADIX_BUCKETS = 2048 };
+
+/* Sort a[0..n) ascending; tmp has room for n, hist for RADIX_DIGITS *
+ * RADIX_BUCKETS counters. Returns the buffer holding the result (a or tmp). */
+static uint64_t *sort_u64(uint64_t *a, uint64_t *tmp, int64_t n, uint32_t (*hist)[RADIX_BUCKETS]) {
   if (n <= 32) {
     insertion_u64(a, n);
     return a;
@@ -241,9 +244,8 @@ static uint64_t *sort_u64(uint64_t *a, uint64_t *tmp, int64_t n) {
     return src;
   }
   /* LSD radix, 11-bit digits; a digit shared by every key is skipped */
-  enum { D = 6, B = 2048 };
-  static _Thread_local uint32_t hist[D][B];
-  memset(hist, 0, sizeof hist);
+  enum { D = RADIX_DIGITS, B = RADIX_BUCKETS };
+  memset(hist, 0, sizeof(uint32_t) * D * B);
   for (int64_t i = 0; i < n; i++) {
     uint64_t v = a[i];
     for (int d = 0; d < D; d++) hist[d][(v >> (11 * d)) & (B - 1)]++;
@@ -276,13 +278,14 @@ static int sort_positions(tide_cands *c, const float *key, int32_t *pos, int64_t
   TIDE_CHECK(need(&pv->k1, cap * 8, 0));
   TIDE_CHECK(need(&pv->k2, cap * 8, 0));
   TIDE_CHECK(need(&pv->where, cap * 4, 1));
+  TIDE_CHECK(need(&pv->radix, sizeof(uint32_t) * RADIX_DIGITS * RADIX_BUCKETS, 0));
   const int32_t *id = c->id;
   for (int64_t j = 0; j < cnt; j++) {
     int32_t p = pos[j];
     pv->where[id[p]] = p;
     pv->k1[j] = ckey(key[p], id[p]);
   }
-  uint64_t *s = sort_u64(pv->k1, pv->k2, cnt);
+  uint64_t *s = sort_u64(pv->k1, pv->k2, cnt, (uint32_t(*)[RADIX_BUCKETS])pv->radix);
   for (int64_t j = 0; j < cnt; j++) pos[j] = pv->where[(int32_t)(uint32_t)s[j]];
   return 0;
 }

@@ -117,8 +117,8 @@ int tide_cands_min_p(tide_cands *c, double p, int64_t min_keep);
 /* Keep candidates with logit >= min_logit, but at least max(min_keep, 1)
  * (the best). The primitive behind min-p and mirostat v2. */
 int tide_cands_cut(tide_cands *c, double min_logit, int64_t min_keep);
-/* Locally typical sampling (Meister et al. 2022, as llama.cpp): order by
- * |-log p - H| ascending (ties: canonical order), keep the shortest such
+/* Locally typical sampling (Meister et al. 2023, as llama.cpp): order by
+ * |-log p - H| ascending (ties: the smaller id), keep the shortest such
  * prefix whose mass exceeds p (strictly), at least min_keep. p >= 1: no
  * change. Kept candidates stay in their previous relative order. */
 int tide_cands_typical(tide_cands *c, double p, int64_t min_keep);
