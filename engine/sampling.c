@@ -1009,7 +1009,7 @@ int tide_cands_temperature(tide_cands *c, double t) {
   if (t != t || t == INFINITY || t == -INFINITY)
     return TIDE_ERR(TIDE_E_INVALID, "temperature %g is not finite", t);
   if (c->n < 1) return TIDE_ERR(TIDE_E_STATE, "the candidates set is empty");
-  if (t <= 0) {
+  if (t < 1e-30) {   /* 0, negative, or so small that dividing would overflow: greedy */
     int b = tide_cands_argmax(c);
     if (b < 0) return b;
     c->id[0] = c->id[b];

@@ -133,7 +133,8 @@ int tide_cands_top_n_sigma(tide_cands *c, double nsigma);
  * 0.5 or n < 2: no change. */
 int tide_cands_xtc(tide_cands *c, double threshold, int64_t min_keep);
 /* Temperature: t > 0 divides every logit by t; t <= 0 keeps only the best
- * candidate (greedy). t must not be NaN or inf. */
+ * candidate (greedy), and so does 0 < t < 1e-30, where dividing could
+ * overflow to +inf. t must not be NaN or inf. */
 int tide_cands_temperature(tide_cands *c, double t);
 /* Logit bias: logit(ids[j]) += bias[j] for each j < m that is a candidate
  * (duplicates add up). bias may be -inf (ban), not NaN or +inf. */
