@@ -46,8 +46,12 @@ function M.run(argv)
     io.write(line, "\n")
     io.stdout:flush()
     if o.delay > 0 then
-      local t0 = tide.time()
-      while tide.time() - t0 < o.delay / 1000 do end
+      local ffi = require("ffi")
+      if not pcall(ffi.typeof, "struct tide_sample_ts") then
+        ffi.cdef("struct tide_sample_ts { long s; long ns; }; int nanosleep(const struct tide_sample_ts *, void *);")
+      end
+      local ts = ffi.new("struct tide_sample_ts", math.floor(o.delay / 1000), (o.delay % 1000) * 1000000)
+      ffi.C.nanosleep(ts, nil)
     end
   end
   if o.trace then io.write(sampling.format_trace(st:trace()), "\n") end
