@@ -81,6 +81,7 @@ typedef struct cpriv {
   int32_t *hcnt;       /* [2 (NBUCKETS + 1)] */
   double *hmass;       /* [2 (NBUCKETS + 1)] */
   uint16_t *bkt;       /* [cap] bucket of each position */
+  float min_logit;     /* smallest logit above -inf, with c->max_logit, while has_p */
   uint8_t *bits;       /* [cap / 8 + 1] distinctness check, all zero between calls */
   /* trace */
   float *raw;          /* [cap] softmax of the raw row, by id */
@@ -381,7 +382,12 @@ static int hist_threshold(tide_cands *c, const float *key, const float *w, doubl
   TIDE_CHECK(need(&pv->pos, (size_t)c->cap * 4, 0));
   TIDE_CHECK(need(&pv->bkt, (size_t)c->cap * 2, 0));
   float kmax, kmin;
-  K()->scan(key, n, &kmax, &kmin);
+  if (key == c->logit && c->has_p) {   /* the softmax's scan saw the same logits */
+    kmax = c->max_logit;
+    kmin = pv->min_logit;
+  } else {
+    K()->scan(key, n, &kmax, &kmin);
+  }
   if (key == c->logit && kmin < kmax - 64.0f) {
     /* logits more than 64 below the max have probability < 1.6e-28 each:
      * they share the last bucket, which matters only if the boundary is there */
@@ -652,11 +658,13 @@ int tide_cands_load(tide_cands *c, const tide_tensor *logits, int flags) {
   if (n > c->cap)
     return TIDE_ERR(TIDE_E_INVALID, "row of %lld logits is larger than the set (cap %d)", (long long)n,
                     c->cap);
+  /* copy into the spare buffer while checking, so a bad row leaves c as it was */
+  TIDE_CHECK(need_double(c));
+  cpriv *pv = PRIV(c);
   float mx, mn;
-  int64_t bad = K()->scan(x, n, &mx, &mn);
+  int64_t bad = K()->scan_copy(pv->logit2, x, n, &mx, &mn);
   if (bad) return bad_values(__func__, x, n, bad, "logits");
   if (mx == -INFINITY) return TIDE_ERR(TIDE_E_INVALID, "every one of the %lld logits is -inf", (long long)n);
-  cpriv *pv = PRIV(c);
   pv->has_raw = 0;
   pv->tr_on = 0;
   if (flags & TIDE_CANDS_TRACE) {
@@ -666,7 +674,9 @@ int tide_cands_load(tide_cands *c, const tide_tensor *logits, int flags) {
     K()->scale(pv->raw, n, (float)(1.0 / sum));
     pv->has_raw = 1;
   }
-  memcpy(c->logit, x, (size_t)n * 4);
+  float *t = c->logit;
+  c->logit = pv->logit2;
+  pv->logit2 = t;
   K()->iota(c->id, n);
   reset_meta(c, n, n);
   c->ascending = 1;
@@ -765,6 +775,7 @@ int tide_cands_softmax(tide_cands *c) {
   double sum = k->expsum(c->p, c->logit, n, mx);
   K()->scale(c->p, n, (float)(1.0 / sum));
   c->max_logit = mx;
+  PRIV(c)->min_logit = mn;
   c->lse = (double)mx + log(sum);
   c->has_p = 1;
   return TIDE_OK;

@@ -225,6 +225,12 @@ static void test_kernels_avx2_vs_ref(void) {
         if (a->find(x, i0, n, t, ge) != r->find(x, i0, n, t, ge)) bad++;
     }
     if (a->count_ge(x, n, 0.5f) != r->count_ge(x, n, 0.5f)) bad++;
+    {
+      float *cp = malloc((size_t)n * 4), m1, m2;
+      int64_t b1 = a->scan_copy(cp, x, n, &m1, &m2);
+      if (b1 != bdr || memcmp(&m1, &mxr, 4) || memcmp(&m2, &mnr, 4) || memcmp(cp, x, (size_t)n * 4)) bad++;
+      free(cp);
+    }
     /* compaction: both keep_in, thresholds with ties by id, a sorted prefix */
     for (int keep = 0; keep < 2; keep++) {
       int32_t *ia = malloc((size_t)n * 4), *ir = malloc((size_t)n * 4);
