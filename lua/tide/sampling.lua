@@ -188,6 +188,11 @@ function Sampler:new_state(opts)
   return st
 end
 
+function State:__tostring()
+  return string.format("tide.sampling_state(seed %.0f, %d tokens, %d sampled; %s)", tonumber(self.seed) or 0,
+    self.log:len(), self.n_sampled, self.sampler:describe())
+end
+
 -- Feed tokens to the request's history (and to stages that watch it:
 -- penalties). A number, a table of ids or an integer tensor.
 function State:accept(tokens)
