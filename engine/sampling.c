@@ -7,7 +7,7 @@
  *  - a few best candidates (top-k, the first 256 of a nucleus, top-N
  *    logprobs): a heap of m entries fed by a vectorised search for the next
  *    value above the heap's worst, so most of the row is touched once;
- *  - many candidates: a 2048-bucket histogram over the key range (counts,
+ *  - many candidates: a 1024-bucket histogram over the key range (counts,
  *    and probability mass for top-p/typical) finds the bucket holding the
  *    boundary; only that bucket is sorted;
  *  - a set is then cut by a threshold (key, id) with one stable pass, which
