@@ -7,7 +7,7 @@
  *  - a few best candidates (top-k, the first 256 of a nucleus, top-N
  *    logprobs): a heap of m entries fed by a vectorised search for the next
  *    value above the heap's worst, so most of the row is touched once;
- *  - many candidates: a 2048-bucket histogram over the key range (counts,
+ *  - many candidates: a 1024-bucket histogram over the key range (counts,
  *    and probability mass for top-p/typical) finds the bucket holding the
  *    boundary; only that bucket is sorted;
  *  - a set is then cut by a threshold (key, id) with one stable pass, which
@@ -63,7 +63,7 @@ double tide_rng_uniform(tide_rng *r) { return (double)(tide_rng_next(r) >> 11) *
 /* candidates: scratch                                                       */
 /* ======================================================================== */
 
-enum { NBUCKETS = 2048, HEAP_MAX = 1024, HEAP_TRY = 256 };
+enum { NBUCKETS = 1024, HEAP_MAX = 1024, HEAP_TRY = 256 };
 
 typedef struct cpriv {
   int32_t *id2;        /* [cap] the other half of each double buffer */
@@ -72,16 +72,19 @@ typedef struct cpriv {
   int32_t *pos;        /* [cap] positions */
   int32_t *where;      /* [cap] id -> position (only entries of current ids are meaningful) */
   uint64_t *k1, *k2;   /* [cap] sort keys */
+  void *radix;         /* radix sort counters */
   float *key;          /* [cap] derived keys (typical) */
   double *bsum;        /* [cap / 64 + 1] block sums of the draw */
-  int32_t *heap;       /* [cap] heap positions */
-  int64_t *hcnt;       /* [NBUCKETS + 1] */
-  double *hmass;       /* [NBUCKETS + 1] */
+  int32_t *heap;       /* [cap] positions chosen by the heap */
+  void *hents;         /* [hcap] heap entries */
+  int64_t hent_cap;
+  int32_t *hcnt;       /* [2 (NBUCKETS + 1)] */
+  double *hmass;       /* [2 (NBUCKETS + 1)] */
   uint16_t *bkt;       /* [cap] bucket of each position */
+  float min_logit;     /* smallest logit above -inf, with c->max_logit, while has_p */
   uint8_t *bits;       /* [cap / 8 + 1] distinctness check, all zero between calls */
   /* trace */
-  float *raw;          /* [cap] the raw row */
-  double raw_lse;
+  float *raw;          /* [cap] softmax of the raw row, by id */
   int has_raw;
   float *byid;         /* [cap] input probabilities by id, all zero between stages */
   int32_t *tr_ids;     /* [cap] ids of the traced stage's input */
@@ -158,8 +161,8 @@ void tide_cands_free(tide_cands *c) {
   if (!c) return;
   cpriv *pv = PRIV(c);
   if (pv) {
-    void *bufs[] = {pv->id2, pv->logit2, pv->p2, pv->pos, pv->where, pv->k1, pv->k2, pv->key,
-                    pv->bsum, pv->heap, pv->hcnt, pv->hmass, pv->bkt, pv->bits, pv->raw, pv->byid,
+    void *bufs[] = {pv->id2, pv->logit2, pv->p2, pv->pos, pv->where, pv->k1, pv->k2, pv->radix, pv->key,
+                    pv->bsum, pv->heap, pv->hents, pv->hcnt, pv->hmass, pv->bkt, pv->bits, pv->raw, pv->byid,
                     pv->tr_ids, pv->dry_rev, pv->dry_z, pv->dry_best, pv->dry_touched,
                     pv->bias_pos};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) tide_xfree(bufs[i]);
@@ -214,9 +217,11 @@ static void insertion_u64(uint64_t *a, int64_t n) {
   }
 }
 
-/* Sort a[0..n) ascending; tmp has room for n. Returns the buffer holding the
- * result (a or tmp). */
-static uint64_t *sort_u64(uint64_t *a, uint64_t *tmp, int64_t n) {
+enum { RADIX_DIGITS = 6, RADIX_BUCKETS = 2048 };
+
+/* Sort a[0..n) ascending; tmp has room for n, hist for RADIX_DIGITS *
+ * RADIX_BUCKETS counters. Returns the buffer holding the result (a or tmp). */
+static uint64_t *sort_u64(uint64_t *a, uint64_t *tmp, int64_t n, uint32_t (*hist)[RADIX_BUCKETS]) {
   if (n <= 32) {
     insertion_u64(a, n);
     return a;
@@ -240,9 +245,8 @@ static uint64_t *sort_u64(uint64_t *a, uint64_t *tmp, int64_t n) {
     return src;
   }
   /* LSD radix, 11-bit digits; a digit shared by every key is skipped */
-  enum { D = 6, B = 2048 };
-  static _Thread_local uint32_t hist[D][B];
-  memset(hist, 0, sizeof hist);
+  enum { D = RADIX_DIGITS, B = RADIX_BUCKETS };
+  memset(hist, 0, sizeof(uint32_t) * D * B);
   for (int64_t i = 0; i < n; i++) {
     uint64_t v = a[i];
     for (int d = 0; d < D; d++) hist[d][(v >> (11 * d)) & (B - 1)]++;
@@ -275,63 +279,83 @@ static int sort_positions(tide_cands *c, const float *key, int32_t *pos, int64_t
   TIDE_CHECK(need(&pv->k1, cap * 8, 0));
   TIDE_CHECK(need(&pv->k2, cap * 8, 0));
   TIDE_CHECK(need(&pv->where, cap * 4, 1));
+  TIDE_CHECK(need(&pv->radix, sizeof(uint32_t) * RADIX_DIGITS * RADIX_BUCKETS, 0));
   const int32_t *id = c->id;
   for (int64_t j = 0; j < cnt; j++) {
     int32_t p = pos[j];
     pv->where[id[p]] = p;
     pv->k1[j] = ckey(key[p], id[p]);
   }
-  uint64_t *s = sort_u64(pv->k1, pv->k2, cnt);
+  uint64_t *s = sort_u64(pv->k1, pv->k2, cnt, (uint32_t(*)[RADIX_BUCKETS])pv->radix);
   for (int64_t j = 0; j < cnt; j++) pos[j] = pv->where[(int32_t)(uint32_t)s[j]];
   return 0;
 }
 
-/* heap of positions, root = the worst kept */
-static inline int hworse(const float *key, const int32_t *id, int32_t a, int32_t b) {
-  return better(key[b], IDOF(id, b), key[a], IDOF(id, a));
-}
-static void sift_down(const float *key, const int32_t *id, int32_t *h, int64_t m, int64_t i) {
+/* The heap holds canonical keys (ckey: smaller = better) with their
+ * positions; the root is the worst kept. One integer compare per step. */
+typedef struct hent {
+  uint64_t k;
+  int64_t pos;
+} hent;
+
+static void sift_down(hent *h, int64_t m, int64_t i) {
+  hent v = h[i];
   for (;;) {
-    int64_t l = 2 * i + 1, r = l + 1, w = i;
-    if (l < m && hworse(key, id, h[l], h[w])) w = l;
-    if (r < m && hworse(key, id, h[r], h[w])) w = r;
-    if (w == i) return;
-    int32_t t = h[i];
+    int64_t l = 2 * i + 1;
+    if (l >= m) break;
+    int64_t w = (l + 1 < m && h[l + 1].k > h[l].k) ? l + 1 : l;
+    if (h[w].k <= v.k) break;
     h[i] = h[w];
-    h[w] = t;
     i = w;
   }
+  h[i] = v;
 }
 
 /* The best m of key[0..n) (ids id, or the positions when id is NULL) into
- * h[0..m), best first. asc: ids increase with position, so an equal key
- * further on can never win and the search may be strict. */
-static int64_t heap_select(const float *key, const int32_t *id, int64_t n, int64_t m, int asc,
-                           int32_t *h) {
+ * out[0..m), best first; hp is scratch for m entries. asc: ids increase
+ * with position, so an equal key further on can never win and the search
+ * may be strict. */
+static int64_t heap_select(const float *key, const int32_t *id, int64_t n, int64_t m, int asc, hent *hp,
+                           int32_t *out) {
   if (m > n) m = n;
   if (m <= 0) return 0;
-  for (int64_t i = 0; i < m; i++) h[i] = (int32_t)i;
-  for (int64_t i = m / 2 - 1; i >= 0; i--) sift_down(key, id, h, m, i);
+  for (int64_t i = 0; i < m; i++) {
+    hp[i].k = ckey(key[i], IDOF(id, i));
+    hp[i].pos = i;
+  }
+  for (int64_t i = m / 2 - 1; i >= 0; i--) sift_down(hp, m, i);
   const tide_sample_kernels *k = K();
   int64_t i = m;
   while (i < n) {
-    int32_t w = h[0];
-    i = k->find(key, i, n, key[w], !asc);
+    float wk = key[hp[0].pos];
+    i = k->find(key, i, n, wk, !asc);
     if (i >= n) break;
-    if (better(key[i], IDOF(id, i), key[w], IDOF(id, w))) {
-      h[0] = (int32_t)i;
-      sift_down(key, id, h, m, 0);
+    uint64_t ck = ckey(key[i], IDOF(id, i));
+    if (ck < hp[0].k) {
+      hp[0].k = ck;
+      hp[0].pos = i;
+      sift_down(hp, m, 0);
     }
     i++;
   }
   /* heapsort: the worst goes to the end each time */
   for (int64_t e = m - 1; e > 0; e--) {
-    int32_t t = h[0];
-    h[0] = h[e];
-    h[e] = t;
-    sift_down(key, id, h, e, 0);
+    hent t = hp[0];
+    hp[0] = hp[e];
+    hp[e] = t;
+    sift_down(hp, e, 0);
   }
+  for (int64_t j = 0; j < m; j++) out[j] = (int32_t)hp[j].pos;
   return m;
+}
+
+/* heap_select into pv->heap, with pv's scratch */
+static int pv_heap(tide_cands *c, const float *key, int64_t m, int64_t *got) {
+  cpriv *pv = PRIV(c);
+  TIDE_CHECK(need(&pv->heap, (size_t)c->cap * 4, 0));
+  TIDE_CHECK(grow(&pv->hents, &pv->hent_cap, m > 0 ? m : 1, sizeof(hent)));
+  *got = heap_select(key, c->id, c->n, m, c->ascending, (hent *)pv->hents, pv->heap);
+  return 0;
 }
 
 typedef struct {
@@ -350,19 +374,24 @@ static int hist_threshold(tide_cands *c, const float *key, const float *w, doubl
   cpriv *pv = PRIV(c);
   int64_t n = c->n;
   const int32_t *id = c->id;
-  enum { NC = 4, NB1 = NBUCKETS + 1 };
-  TIDE_CHECK(need(&pv->hcnt, NC * NB1 * 8, 0));
+  /* two copies (position i % 2) so that neighbours in one bucket do not
+   * wait on each other's stores, small enough (24 KB) to stay in L1 */
+  enum { NC = 2, NB1 = NBUCKETS + 1 };
+  TIDE_CHECK(need(&pv->hcnt, NC * NB1 * 4, 0));
   TIDE_CHECK(need(&pv->hmass, NC * NB1 * 8, 0));
   TIDE_CHECK(need(&pv->pos, (size_t)c->cap * 4, 0));
   TIDE_CHECK(need(&pv->bkt, (size_t)c->cap * 2, 0));
   float kmax, kmin;
-  if (key == c->logit && c->has_p) {
-    /* logits: below max - 64 the mass is < 1.6e-28 each; they share the
-     * last bucket, which costs nothing unless the boundary falls there */
+  if (key == c->logit && c->has_p) {   /* the softmax's scan saw the same logits */
     kmax = c->max_logit;
-    kmin = kmax - 64.0f;
+    kmin = pv->min_logit;
   } else {
     K()->scan(key, n, &kmax, &kmin);
+  }
+  if (key == c->logit && kmin < kmax - 64.0f) {
+    /* logits more than 64 below the max have probability < 1.6e-28 each:
+     * they share the last bucket, which matters only if the boundary is there */
+    kmin = kmax - 64.0f;
   }
   float scale = 0.0f;
   if (kmin < kmax) {
@@ -371,38 +400,38 @@ static int hist_threshold(tide_cands *c, const float *key, const float *w, doubl
   }
   uint16_t *restrict bk = pv->bkt;
   K()->buckets(bk, key, n, kmax, scale, NBUCKETS);
-  /* NC interleaved copies (position i % NC) so that runs of one bucket do
-   * not wait on each other's stores; combined in copy order below */
-  int64_t *restrict hc = pv->hcnt;
+  int32_t *restrict hc = pv->hcnt;
   double *restrict hm = pv->hmass;
-  memset(hc, 0, NC * NB1 * 8);
+  memset(hc, 0, NC * NB1 * 4);
   if (w) {
     memset(hm, 0, NC * NB1 * 8);
     int64_t i = 0;
-    for (; i + NC <= n; i += NC)
-      for (int q = 0; q < NC; q++) {
-        int b = q * NB1 + bk[i + q];
-        hc[b]++;
-        hm[b] += (double)w[i + q];
-      }
-    for (; i < n; i++) {
-      int b = (int)(i % NC) * NB1 + bk[i];
-      hc[b]++;
-      hm[b] += (double)w[i];
+    for (; i + 2 <= n; i += 2) {
+      int b0 = bk[i], b1 = NB1 + bk[i + 1];
+      hc[b0]++;
+      hm[b0] += (double)w[i];
+      hc[b1]++;
+      hm[b1] += (double)w[i + 1];
+    }
+    if (i < n) {
+      hc[bk[i]]++;
+      hm[bk[i]] += (double)w[i];
     }
   } else {
     int64_t i = 0;
-    for (; i + NC <= n; i += NC)
-      for (int q = 0; q < NC; q++) hc[q * NB1 + bk[i + q]]++;
-    for (; i < n; i++) hc[(int)(i % NC) * NB1 + bk[i]]++;
+    for (; i + 2 <= n; i += 2) {
+      hc[bk[i]]++;
+      hc[NB1 + bk[i + 1]]++;
+    }
+    if (i < n) hc[bk[i]]++;
   }
   int64_t ccnt = 0;
   double cmass = 0;
   int bb = -1;
   for (int b = 0; b < NB1; b++) {
-    int64_t cb = hc[b] + hc[NB1 + b] + hc[2 * NB1 + b] + hc[3 * NB1 + b];
+    int64_t cb = (int64_t)hc[b] + hc[NB1 + b];
     if (!cb) continue;
-    double mb = w ? ((hm[b] + hm[NB1 + b]) + (hm[2 * NB1 + b] + hm[3 * NB1 + b])) : 0;
+    double mb = w ? hm[b] + hm[NB1 + b] : 0;
     int hit = w ? (strict ? cmass + mb > target : cmass + mb >= target) : (double)(ccnt + cb) >= target;
     if (hit) {
       bb = b;
@@ -449,8 +478,8 @@ static int count_threshold(tide_cands *c, const float *key, int64_t m, thresh *o
     return 0;
   }
   if (m <= HEAP_MAX) {
-    TIDE_CHECK(need(&pv->heap, (size_t)c->cap * 4, 0));
-    heap_select(key, c->id, c->n, m, c->ascending, pv->heap);
+    int64_t got;
+    TIDE_CHECK(pv_heap(c, key, m, &got));
     int32_t q = pv->heap[m - 1];
     out->all = 0;
     out->kt = key[q];
@@ -556,7 +585,8 @@ static int select_sorted(tide_cands *c, int64_t m, int keep_rest) {
   thresh t;
   int32_t *top;
   if (m <= HEAP_MAX) {
-    heap_select(c->logit, c->id, n, m, c->ascending, pv->heap);
+    int64_t got;
+    TIDE_CHECK(pv_heap(c, c->logit, m, &got));
     top = pv->heap;
     int32_t q = top[m - 1];
     t.kt = c->logit[q];
@@ -628,20 +658,25 @@ int tide_cands_load(tide_cands *c, const tide_tensor *logits, int flags) {
   if (n > c->cap)
     return TIDE_ERR(TIDE_E_INVALID, "row of %lld logits is larger than the set (cap %d)", (long long)n,
                     c->cap);
+  /* copy into the spare buffer while checking, so a bad row leaves c as it was */
+  TIDE_CHECK(need_double(c));
+  cpriv *pv = PRIV(c);
   float mx, mn;
-  int64_t bad = K()->scan(x, n, &mx, &mn);
+  int64_t bad = K()->scan_copy(pv->logit2, x, n, &mx, &mn);
   if (bad) return bad_values(__func__, x, n, bad, "logits");
   if (mx == -INFINITY) return TIDE_ERR(TIDE_E_INVALID, "every one of the %lld logits is -inf", (long long)n);
-  cpriv *pv = PRIV(c);
   pv->has_raw = 0;
   pv->tr_on = 0;
   if (flags & TIDE_CANDS_TRACE) {
+    /* the raw distribution by id, so a trace sums it over the kept ids */
     TIDE_CHECK(need(&pv->raw, (size_t)c->cap * 4, 0));
-    memcpy(pv->raw, x, (size_t)n * 4);
-    pv->raw_lse = (double)mx + log(K()->expsum(NULL, x, n, mx));
+    double sum = K()->expsum(pv->raw, x, n, mx);
+    K()->scale(pv->raw, n, (float)(1.0 / sum));
     pv->has_raw = 1;
   }
-  memcpy(c->logit, x, (size_t)n * 4);
+  float *t = c->logit;
+  c->logit = pv->logit2;
+  pv->logit2 = t;
   K()->iota(c->id, n);
   reset_meta(c, n, n);
   c->ascending = 1;
@@ -740,6 +775,7 @@ int tide_cands_softmax(tide_cands *c) {
   double sum = k->expsum(c->p, c->logit, n, mx);
   K()->scale(c->p, n, (float)(1.0 / sum));
   c->max_logit = mx;
+  PRIV(c)->min_logit = mn;
   c->lse = (double)mx + log(sum);
   c->has_p = 1;
   return TIDE_OK;
@@ -816,13 +852,35 @@ static int cut_by_mass(tide_cands *c, const float *key, double target, int stric
       }
     }
   }
-  /* 2: among the best HEAP_TRY, unless even HEAP_TRY times the largest
-   * probability falls short (a flat distribution: go to 3 directly) */
-  TIDE_CHECK(need(&pv->heap, (size_t)c->cap * 4, 0));
-  int64_t m = n < HEAP_TRY ? n : HEAP_TRY;
-  double pmax = exp((double)c->max_logit - c->lse);
-  if (pmax * (double)m * (1 + 1e-6) < target) m = 0;
-  if (m) heap_select(key, c->id, n, m, c->ascending, pv->heap);
+  /* 2: among the best few: a heap of 32 first, then of HEAP_TRY; a size
+   * that cannot reach the target even at the largest probability each is
+   * skipped (a flat distribution goes to 3 directly) */
+  /* bound: the best t hold at most (mass of the best s) + (t - s) * p_s */
+  double bound_mass = 0, bound_p = exp((double)c->max_logit - c->lse);
+  int64_t bound_s = 0, m = 0;
+  for (int64_t tryn = 32; tryn <= HEAP_TRY && m == 0; tryn *= 8) {
+    int64_t t = n < tryn ? n : tryn;
+    if (t < n && bound_mass + (double)(t - bound_s) * bound_p * (1 + 1e-6) < target) continue;
+    int64_t got;
+    TIDE_CHECK(pv_heap(c, key, t, &got));
+    double acc = 0;
+    for (int64_t j = 0; j < t; j++) {
+      acc += (double)w[pv->heap[j]];
+      if (strict ? acc > target : acc >= target) {
+        m = t;
+        break;
+      }
+    }
+    if (t == n) break;
+    if (key_is_logit) {   /* p falls along the heap's order only when the key is the logit */
+      bound_mass = acc;
+      bound_p = (double)w[pv->heap[t - 1]];
+      bound_s = t;
+    }
+    /* the best 32 hold under a quarter of the target: a wide nucleus,
+     * almost surely beyond 256 (this only picks the path; both are exact) */
+    if (acc < target / 4) break;
+  }
   double acc = 0;
   for (int64_t j = 0; j < m; j++) {
     acc += (double)w[pv->heap[j]];
@@ -962,7 +1020,7 @@ int tide_cands_temperature(tide_cands *c, double t) {
   if (t != t || t == INFINITY || t == -INFINITY)
     return TIDE_ERR(TIDE_E_INVALID, "temperature %g is not finite", t);
   if (c->n < 1) return TIDE_ERR(TIDE_E_STATE, "the candidates set is empty");
-  if (t <= 0) {
+  if (t < 1e-30) {   /* 0, negative, or so small that dividing would overflow: greedy */
     int b = tide_cands_argmax(c);
     if (b < 0) return b;
     c->id[0] = c->id[b];
@@ -976,8 +1034,7 @@ int tide_cands_temperature(tide_cands *c, double t) {
   }
   float tf = (float)t;
   if (tf == 1.0f) return TIDE_OK;
-  float *lg = c->logit;
-  for (int64_t i = 0; i < c->n; i++) lg[i] /= tf;
+  K()->divide(c->logit, c->n, tf);
   c->has_p = 0;
   c->selected = -1;
   /* dividing keeps the order unless two logits round to the same value */
@@ -1085,8 +1142,8 @@ int tide_cands_topn(tide_cands *c, int64_t m, int32_t *ids, float *logprobs) {
   if (m == 0) return 0;
   TIDE_CHECK(tide_cands_softmax(c));
   cpriv *pv = PRIV(c);
-  TIDE_CHECK(need(&pv->heap, (size_t)c->cap * 4, 0));
-  int64_t k = heap_select(c->logit, c->id, c->n, m, c->ascending, pv->heap);
+  int64_t k;
+  TIDE_CHECK(pv_heap(c, c->logit, m, &k));
   for (int64_t j = 0; j < k; j++) {
     int32_t q = pv->heap[j];
     ids[j] = c->id[q];
@@ -1127,7 +1184,7 @@ int tide_cands_trace_end(tide_cands *c, tide_cands_trace *out) {
       int32_t t = c->id[i];
       if (t >= 0 && t < c->cap) {
         mi += pv->byid[t];
-        if (pv->has_raw) mr += exp((double)pv->raw[t] - pv->raw_lse);
+        if (pv->has_raw) mr += pv->raw[t];
       }
     }
     double h = c->lse - sum_plogit(c);
@@ -1581,6 +1638,37 @@ int tide_cands_dry(tide_cands *c, const tide_dry *d, const tide_hist *h, double 
 /* logprobs of a row                                                         */
 /* ======================================================================== */
 
+/* The best m of a row (ids = positions, increasing) into ids/vals, best
+ * first, by insertion into the caller's arrays: no scratch needed. */
+static int64_t row_topn(const float *x, int64_t n, int64_t m, int32_t *ids, float *vals) {
+  if (m > n) m = n;
+  if (m <= 0) return 0;
+  const tide_sample_kernels *k = K();
+  int64_t have = 0, i = 0;
+  while (i < n) {
+    if (have == m) {
+      i = k->find(x, i, n, vals[m - 1], 0);
+      if (i >= n) break;
+    }
+    float v = x[i];
+    /* first slot with a smaller value: equal values keep their (smaller) ids first */
+    int64_t lo = 0, hi = have;
+    while (lo < hi) {
+      int64_t mid = (lo + hi) / 2;
+      if (vals[mid] >= v) lo = mid + 1;
+      else hi = mid;
+    }
+    int64_t last = have < m ? have : m - 1;
+    memmove(ids + lo + 1, ids + lo, (size_t)(last - lo) * 4);
+    memmove(vals + lo + 1, vals + lo, (size_t)(last - lo) * 4);
+    ids[lo] = (int32_t)i;
+    vals[lo] = v;
+    if (have < m) have++;
+    i++;
+  }
+  return have;
+}
+
 int tide_logits_logprobs(const tide_tensor *logits, tide_logprobs *io) {
   const float *x;
   int64_t n;
@@ -1600,15 +1688,16 @@ int tide_logits_logprobs(const tide_tensor *logits, tide_logprobs *io) {
   io->target_logprob = NAN;
   io->target_rank = -1;
   if (io->target >= 0) {
-    int64_t t = io->target, rank = 0;
+    int64_t t = io->target;
     float xt = x[t];
-    for (int64_t i = 0; i < n; i++) rank += x[i] > xt || (x[i] == xt && i < t);
+    /* before t: >= wins (ties go to the smaller id); after t: only > */
+    int64_t rank = k->count_ge(x, t, xt);
+    if (t + 1 < n) rank += k->count_ge(x + t + 1, n - t - 1, nextafterf(xt, INFINITY));
     io->target_rank = rank;
     io->target_logprob = (double)xt - lse;
   }
-  /* the ids array doubles as the heap: for a row, position = id */
-  int64_t m = heap_select(x, NULL, n, io->n_top, 1, io->top_ids);
-  for (int64_t j = 0; j < m; j++) io->top_logprobs[j] = (float)((double)x[io->top_ids[j]] - lse);
+  int64_t m = row_topn(x, n, io->n_top, io->top_ids, io->top_logprobs);
+  for (int64_t j = 0; j < m; j++) io->top_logprobs[j] = (float)((double)io->top_logprobs[j] - lse);
   io->n_out = m;
   return TIDE_OK;
 }

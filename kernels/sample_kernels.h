@@ -19,6 +19,8 @@ typedef struct tide_sample_kernels {
    * the smallest value above -inf (+inf if none), both with -0 read as +0.
    * Returns how many values are NaN or +inf. */
   int64_t (*scan)(const float *x, int64_t n, float *max, float *min);
+  /* scan, and copy x into dst on the way (one pass instead of two). */
+  int64_t (*scan_copy)(float *dst, const float *x, int64_t n, float *max, float *min);
   /* p[i] = exp(x[i] - m) (p may be NULL: nothing stored; x[i] <= m assumed).
    * Returns the sum of those values in double: value i goes to lane i % 8,
    * lanes are combined as ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)). */
@@ -44,6 +46,8 @@ typedef struct tide_sample_kernels {
   int64_t (*collect)(int32_t *pos, const uint16_t *b, int64_t n, uint16_t v);
   /* p[i] *= s */
   void (*scale)(float *p, int64_t n, float s);
+  /* p[i] /= s (a division, as llama.cpp's temperature) */
+  void (*divide)(float *p, int64_t n, float s);
   /* id[i] = i */
   void (*iota)(int32_t *id, int64_t n);
 } tide_sample_kernels;

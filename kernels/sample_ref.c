@@ -46,6 +46,11 @@ static int64_t scan_ref(const float *x, int64_t n, float *max, float *min) {
   return bad;
 }
 
+static int64_t scan_copy_ref(float *dst, const float *x, int64_t n, float *max, float *min) {
+  memcpy(dst, x, (size_t)n * 4);
+  return scan_ref(x, n, max, min);
+}
+
 static double combine8(const double *a) {
   return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
 }
@@ -128,12 +133,17 @@ static void scale_ref(float *p, int64_t n, float s) {
   for (int64_t i = 0; i < n; i++) p[i] *= s;
 }
 
+static void divide_ref(float *p, int64_t n, float s) {
+  for (int64_t i = 0; i < n; i++) p[i] /= s;
+}
+
 static void iota_ref(int32_t *id, int64_t n) {
   for (int64_t i = 0; i < n; i++) id[i] = (int32_t)i;
 }
 
-const tide_sample_kernels tide_sample_ref = {scan_ref,    expsum_ref,  blocksum_ref, find_ref,  count_ge_ref,
-                                             compact_ref, buckets_ref, collect_ref,  scale_ref, iota_ref};
+const tide_sample_kernels tide_sample_ref = {scan_ref,    scan_copy_ref, expsum_ref,  blocksum_ref, find_ref,  count_ge_ref,
+                                             compact_ref, buckets_ref, collect_ref,  scale_ref, divide_ref,
+                                             iota_ref};
 
 const tide_sample_kernels *tide_sample_kernels_get(void) {
 #if defined(__x86_64__)

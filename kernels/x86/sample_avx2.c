@@ -39,12 +39,13 @@ static inline void add8(__m256d *a, __m256d *b, __m256 v) {
   *b = _mm256_add_pd(*b, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
 }
 
-static int64_t scan_avx2(const float *x, int64_t n, float *max, float *min) {
+static inline int64_t scan_body(float *dst, const float *x, int64_t n, float *max, float *min) {
   const __m256 pinf = _mm256_set1_ps(INFINITY), ninf = _mm256_set1_ps(-INFINITY);
   __m256 vmx = ninf, vmn = pinf;
   int64_t bad = 0, i = 0;
   for (; i + 8 <= n; i += 8) {
     __m256 v = _mm256_loadu_ps(x + i);
+    if (dst) _mm256_storeu_ps(dst + i, v);
     __m256 b = _mm256_or_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q), _mm256_cmp_ps(v, pinf, _CMP_EQ_OQ));
     int m = _mm256_movemask_ps(b);
     if (m) {
@@ -65,6 +66,7 @@ static int64_t scan_avx2(const float *x, int64_t n, float *max, float *min) {
   }
   for (; i < n; i++) {
     float v = x[i];
+    if (dst) dst[i] = v;
     if (v != v || v == INFINITY) {
       bad++;
       continue;
@@ -75,6 +77,14 @@ static int64_t scan_avx2(const float *x, int64_t n, float *max, float *min) {
   *max = mx + 0.0f;
   *min = mn + 0.0f;
   return bad;
+}
+
+static int64_t scan_avx2(const float *x, int64_t n, float *max, float *min) {
+  return scan_body(NULL, x, n, max, min);
+}
+
+static int64_t scan_copy_avx2(float *dst, const float *x, int64_t n, float *max, float *min) {
+  return scan_body(dst, x, n, max, min);
 }
 
 static double expsum_avx2(float *p, const float *x, int64_t n, float m) {
@@ -302,6 +312,13 @@ static void scale_avx2(float *p, int64_t n, float s) {
   for (; i < n; i++) p[i] *= s;
 }
 
+static void divide_avx2(float *p, int64_t n, float s) {
+  __m256 vs = _mm256_set1_ps(s);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(p + i, _mm256_div_ps(_mm256_loadu_ps(p + i), vs));
+  for (; i < n; i++) p[i] /= s;
+}
+
 static void iota_avx2(int32_t *id, int64_t n) {
   __m256i v = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), step = _mm256_set1_epi32(8);
   int64_t i = 0;
@@ -312,5 +329,6 @@ static void iota_avx2(int32_t *id, int64_t n) {
   for (; i < n; i++) id[i] = (int32_t)i;
 }
 
-const tide_sample_kernels tide_sample_avx2 = {scan_avx2,    expsum_avx2,  blocksum_avx2, find_avx2,  count_ge_avx2,
-                                              compact_avx2, buckets_avx2, collect_avx2,  scale_avx2, iota_avx2};
+const tide_sample_kernels tide_sample_avx2 = {scan_avx2,    scan_copy_avx2, expsum_avx2,  blocksum_avx2, find_avx2,  count_ge_avx2,
+                                              compact_avx2, buckets_avx2, collect_avx2,  scale_avx2, divide_avx2,
+                                              iota_avx2};

@@ -117,8 +117,8 @@ int tide_cands_min_p(tide_cands *c, double p, int64_t min_keep);
 /* Keep candidates with logit >= min_logit, but at least max(min_keep, 1)
  * (the best). The primitive behind min-p and mirostat v2. */
 int tide_cands_cut(tide_cands *c, double min_logit, int64_t min_keep);
-/* Locally typical sampling (Meister et al. 2022, as llama.cpp): order by
- * |-log p - H| ascending (ties: canonical order), keep the shortest such
+/* Locally typical sampling (Meister et al. 2023, as llama.cpp): order by
+ * |-log p - H| ascending (ties: the smaller id), keep the shortest such
  * prefix whose mass exceeds p (strictly), at least min_keep. p >= 1: no
  * change. Kept candidates stay in their previous relative order. */
 int tide_cands_typical(tide_cands *c, double p, int64_t min_keep);
@@ -133,7 +133,8 @@ int tide_cands_top_n_sigma(tide_cands *c, double nsigma);
  * 0.5 or n < 2: no change. */
 int tide_cands_xtc(tide_cands *c, double threshold, int64_t min_keep);
 /* Temperature: t > 0 divides every logit by t; t <= 0 keeps only the best
- * candidate (greedy). t must not be NaN or inf. */
+ * candidate (greedy), and so does 0 < t < 1e-30, where dividing could
+ * overflow to +inf. t must not be NaN or inf. */
 int tide_cands_temperature(tide_cands *c, double t);
 /* Logit bias: logit(ids[j]) += bias[j] for each j < m that is a candidate
  * (duplicates add up). bias may be -inf (ban), not NaN or +inf. */
