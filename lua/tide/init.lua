@@ -64,6 +64,7 @@ local lazy = {
   checkpoint = { "tide.checkpoint" },
   tokenizer = { "tide.tokenizer", "new" },
   sampling = { "tide.sampling" },
+  generation = { "tide.generation" },
   model = { "tide.model" },
   engine = { "tide.engine", "new" },
   session_load = { "tide.session", "load" },
