@@ -323,7 +323,7 @@ static void cleanup(void) {
 int main(int argc, char **argv) {
   static const tt_test tests[] = {TT(test_base),         TT(test_depth),      TT(test_paths_short),
                                   TT(test_paths_indexer), TT(test_paths_c128), TT(test_experts)};
-  int rc = tt_main(tests, (int)(sizeof tests / sizeof tests[0]), argc > 1 ? 1 : 0, argv);
+  int rc = tt_main(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
   cleanup();
   return rc;
 }
