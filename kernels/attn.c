@@ -464,8 +464,8 @@ int tide_attn_sparse(tide_tensor *out, const tide_tensor *q, tide_kvcache *c, in
   if (nth > KV_MAXTHREADS) nth = KV_MAXTHREADS;
   /* heads per work item: whole tokens when there are enough of them */
   int64_t hb = H;
-  if (b->n < 2 * nth) {
-    int64_t parts = (2 * nth + b->n - 1) / b->n;
+  if (b->n < nth) {
+    int64_t parts = (nth + b->n - 1) / b->n;
     hb = (H + parts - 1) / parts;
     hb = (hb + 3) / 4 * 4;
     if (hb > H) hb = H;

@@ -348,8 +348,8 @@ local ok, err = pcall(main, arg or {})
 if not ok then
   if type(err) == "table" and err.tide_user_error then
     io.stderr:write(err.msg, "\n")
-    os.exit(err.status or 2)
+    os.exit(err.status or 2, true)
   end
   io.stderr:write("make_checkpoint: ", tostring(err), "\n")
-  os.exit(1)
+  os.exit(1, true)
 end

@@ -68,7 +68,9 @@ AI void f8x16(const uint8_t *p, __m256 *lo, __m256 *hi) {
 AI void mla_load8(float *out, const uint8_t *data, const uint8_t *sc) {
   const __m256 k256 = _mm256_set1_ps(256.0f);
   for (int t = 0; t < 7; t++) {
-    __m256 s = _mm256_set1_ps(sc[t] == 255 ? NAN : ldexpf(1.0f, (int)sc[t] - 127));
+    /* 2^(b-127) from its bits (b = 0 is the subnormal 2^-127, 255 NaN) */
+    uint32_t bits = sc[t] == 255 ? 0x7fc00000u : sc[t] ? (uint32_t)sc[t] << 23 : 0x00400000u;
+    __m256 s = _mm256_castsi256_ps(_mm256_set1_epi32((int)bits));
     for (int g = 0; g < 4; g++) {
       __m256 a, b;
       f8x16(data + 64 * t + 16 * g, &a, &b);

@@ -14,6 +14,19 @@
 
 static char dir[1200];
 
+/* sanitizer builds (Debug, ASan shadow memory) are far slower and bigger:
+ * they run the checks but not the time and memory limits */
+#if defined(__SANITIZE_ADDRESS__)
+#define SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SANITIZED 1
+#endif
+#endif
+#ifndef SANITIZED
+#define SANITIZED 0
+#endif
+
 static int64_t status_kb(const char *key) {
   FILE *f = fopen("/proc/self/status", "r");
   char line[256];
@@ -93,13 +106,14 @@ static void check_standin(const char *preset, int64_t tensors, int64_t bytes, in
    * machine is not overloaded (load average below 1.5 per core) */
   double load[1] = {0};
   int busy = getloadavg(load, 1) == 1 && load[0] > 1.5 * (double)sysconf(_SC_NPROCESSORS_ONLN);
-  TT_CHECK(cpu < 0.5, "%s: opening took %.3f s of CPU", preset, cpu);
-  if (busy && best >= 1.0)
+  if (SANITIZED) printf("%s: sanitizer build, time and memory limits not applied\n", preset);
+  TT_CHECK(SANITIZED || cpu < 0.5, "%s: opening took %.3f s of CPU", preset, cpu);
+  if (SANITIZED || (busy && best >= 1.0))
     printf("%s: wall time %.3f s not checked: load average %.1f on %ld cores\n", preset, best, load[0],
            sysconf(_SC_NPROCESSORS_ONLN));
   else
     TT_CHECK(best < 1.0, "%s: open took %.3f s", preset, best);
-  TT_CHECK(hwm < 100 * 1024, "%s: peak RSS %lld kB", preset, (long long)hwm);
+  TT_CHECK(SANITIZED || hwm < 100 * 1024, "%s: peak RSS %lld kB", preset, (long long)hwm);
   TT_CHECK(rss_file < 20 * 1024, "%s: %lld kB of file pages mapped: data was touched", preset, (long long)rss_file);
   TT_CHECK(s.n_tensors == tensors, "%s: %lld tensors, doc says %lld", preset, (long long)s.n_tensors, (long long)tensors);
   TT_CHECK(s.tensor_bytes == bytes, "%s: %lld bytes, doc says %lld", preset, (long long)s.tensor_bytes, (long long)bytes);

@@ -158,7 +158,12 @@ describe("tide.attn", function()
     local f, fy = plain:freqs(), yarn:freqs()
     assert.equals(1, f[1])
     assert.near(10000 ^ (-2 / 64), f[2], 1e-7)
-    assert.near(f[1], fy[1] * (160000 ^ 0) / f[1], 1e-7) -- band below lo: unchanged (lo = 15)
+    -- YaRN band for theta 160000, L0 65536: lo = 15, hi = 25 (doc 2.2.2)
+    assert.near(160000 ^ (-20 / 64), fy[11], 1e-9)       -- i = 10 < lo: unchanged
+    assert.near(160000 ^ (-60 / 64) / 16, fy[31], 1e-12) -- i = 30 > hi: divided by the factor
+    local i = 20 -- halfway: ramp 0.5
+    local fi = 160000 ^ (-2 * i / 64)
+    assert.near(fi * 0.5 + fi / 16 * 0.5, fy[i + 1], fi * 1e-6)
     local c, s = plain:cos_sin(3)
     assert.near(math.cos(3), c[1], 1e-6)
     assert.near(math.sin(3), s[1], 1e-6)
