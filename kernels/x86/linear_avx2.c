@@ -100,8 +100,9 @@ static const micro_fn tiles[5][9] = {
 
 /* ---- fused decode for M <= 4 ----
  * The same dot form without the panel round trip: the weight rows (4 at a
- * time for M <= 2, 2 for M = 3, 4) are decoded into registers by the same instruction sequences as the
- * dequant.h AVX2 decoders and fed straight to the FMAs. Blocks the inline
+ * time for M <= 2, 2 for M = 3, 4) are decoded into registers by the same
+ * instruction sequences as the dequant.h AVX2 decoders and fed straight to
+ * the FMAs. Blocks the inline
  * decoders do not cover exactly (an fp8 scale above 246 or an fp8 NaN code,
  * an MXFP4 NaN scale, the ragged last block, the K % 8 tail) are decoded
  * into a small buffer by the exact decoders instead; either way every
