@@ -108,6 +108,8 @@ static const micro_fn tiles[5][9] = {
  * into a small buffer by the exact decoders instead; either way every
  * weight value and every FMA is the one the panel path uses. */
 
+enum { PREFETCH_BYTES = 1024 };
+
 static inline __attribute__((always_inline)) __m256i f8_f16(const uint8_t *p) {
   __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
   return _mm256_and_si256(_mm256_slli_epi16(w, 7), _mm256_set1_epi16((short)0xbf80));
@@ -154,6 +156,16 @@ static inline __attribute__((always_inline)) void fused_rows(const int MR, const
   const int64_t kfull = K / B * B;
   for (int64_t k0 = 0; k0 < kfull; k0 += B) {
     const float *xk = x + k0;
+    if (FMT == TIDE_W_F32 || FMT == TIDE_W_BF16 || FMT == TIDE_W_F16) {
+      /* these stream at memory speed: prefetching the four rows 1 KiB ahead
+       * measured +20-35% at M = 1 (FP8 and MXFP4, bound by their decode,
+       * lose a little from the extra instructions and go without) */
+      const int64_t bb = FMT == TIDE_W_F32 ? 256 : 128; /* bytes of a row per block */
+      const uint8_t *pf = w0 + (k0 / B) * bb + PREFETCH_BYTES;
+#pragma GCC unroll 4
+      for (int r = 0; r < RR; r++)
+        for (int64_t o = 0; o < bb; o += 64) _mm_prefetch((const char *)(pf + r * rb + o), _MM_HINT_T0);
+    }
     if (FMT == TIDE_W_FP8) {
       uint8_t sc = l->view.s[(n / 128) * l->view.s_ld + k0 / 128];
       __m256i mx = _mm256_setzero_si256();
