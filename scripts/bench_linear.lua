@@ -2,8 +2,8 @@
 -- of this machine, measured in the same run.
 --   * M = 1 (decode): GB/s of weight bytes read, and the share of the read
 --     bandwidth (tide_bench_read_bw) with 1 and with all threads. A weight
---     smaller than 64 MiB is swept as several copies, so it comes from DRAM
---     and not from the 32 MiB L3.
+--     smaller than 256 MiB is swept as several copies, so it comes from
+--     DRAM and not from the L3 (32 MiB per CCD; two threads may sit on two).
 --   * M = 64 and M = 256 (prefill): GFLOP/s of the invariant kernels, of
 --     oneDNN f32 on f32 weights of the same shape, and of the FAST policy
 --     (oneDNN on dequantised panels of the real format).
@@ -19,7 +19,7 @@ for i = 1, #arg do
 end
 local RUNS = quick and 3 or 5
 local BW_BYTES = quick and (64 * 1048576) or (256 * 1048576)
-local MIN_SWEEP = 64 * 1048576  -- bytes of distinct weights per M = 1 sweep
+local MIN_SWEEP = (quick and 128 or 256) * 1048576 -- bytes of distinct weights per M = 1 sweep
 local MIN_TIME = quick and 0.05 or 0.2
 
 local function median(xs)

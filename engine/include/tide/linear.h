@@ -88,7 +88,8 @@ int tide_linear_forward_ex(const tide_linear *l, tide_tensor *y, const tide_tens
  * y[:, g*n:(g+1)*n] = x[:, g*k:(g+1)*k] . W[g*n:(g+1)*n, :]^T for g < G.
  * n need not be a multiple of 128 for FP8 (scale blocks may straddle
  * groups). Bitwise equal to G separate handles on the row slices. x and y
- * rows contiguous; groups > 0 must divide N. */
+ * rows contiguous; groups > 0 must divide N. Always the invariant kernels
+ * (or the scalar reference under TIDE_REF), whatever the policy. */
 int tide_linear_forward_grouped(const tide_linear *l, tide_tensor *y, const tide_tensor *x, int64_t groups, int flags);
 
 /* One independent product of tide_linear_forward_many: y[m, :] =
