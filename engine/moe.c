@@ -11,14 +11,7 @@
 /* One product y[m, :] = x[m, :] . W^T over m rows: the same fields as the
  * linear layer's batched job (tide_linear_forward_many), so the products of a
  * step can move to one batched call by changing moe_products only. */
-typedef struct moe_job {
-  const tide_linear *l;
-  const float *x;
-  int64_t ldx;
-  float *y;
-  int64_t ldy;
-  int64_t m;
-} moe_job;
+typedef tide_linear_job moe_job;
 
 enum { MOE_MAX_K = 64 };
 
@@ -244,41 +237,12 @@ static int ensure_scratch(tide_moe *m, int64_t rows, int64_t T) {
   return TIDE_OK;
 }
 
-/* A tensor header over f32 rows (no storage reference: lives for one call). */
-static tide_tensor rows_view(const float *p, int64_t rows, int64_t n, int64_t ld) {
-  tide_tensor t;
-  memset(&t, 0, sizeof t);
-  t.data = (void *)p;
-  t.ndim = 2;
-  t.dtype = TIDE_F32;
-  t.sizes[0] = rows;
-  t.sizes[1] = n;
-  t.sizes[2] = t.sizes[3] = 1;
-  t.strides[0] = ld;
-  t.strides[1] = 1;
-  return t;
-}
-
-/* Every weight product of a step goes through here: `n` jobs, outputs
- * rounded to bf16 when `round`. Today one tide_linear_forward per job (each
- * splits its N over the threads), rounding after it; with the batched
- * linear call this becomes tide_linear_forward_many(jobs, n, round flag). */
+/* Every weight product of a step goes through here: `n` independent jobs
+ * in one parallel region (tide_linear_forward_many balances them over the
+ * threads), outputs rounded to bf16 when `round`. Each job's result is
+ * bitwise what it gives alone, so grouping does not change a token. */
 static int moe_products(const moe_job *jobs, int n, int round) {
-  const tide_ops_kernels *K = tide_ops_kernels_get();
-  for (int j = 0; j < n; j++) {
-    const moe_job *jb = &jobs[j];
-    int64_t N, Kd;
-    tide_linear_info(jb->l, &N, &Kd, NULL);
-    tide_tensor xt = rows_view(jb->x, jb->m, Kd, jb->ldx), yt = rows_view(jb->y, jb->m, N, jb->ldy);
-    TIDE_CHECK(tide_linear_forward(jb->l, &yt, &xt, TIDE_BACKEND_AUTO));
-    if (round) {
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) if (jb->m > 1 && jb->m * N > (1 << 16))
-#endif
-      for (int64_t i = 0; i < jb->m; i++) K->round(jb->y + i * jb->ldy, N);
-    }
-  }
-  return TIDE_OK;
+  return tide_linear_forward_many(jobs, n, round ? TIDE_LINEAR_ROUND_BF16 : 0);
 }
 
 static void check_rows_t(const tide_tensor *t, int64_t *rows, int64_t *n, int64_t *ld) {

@@ -619,8 +619,11 @@ static void expert(const rw *w1, const rw *w2, const rw *w3, const float *x, flo
   gemv(w1, x, g, 1);
   gemv(w3, x, h, 1);
   for (int64_t i = 0; i < w1->n; i++) {
-    float gv = fminf(g[i], lim);
-    float uv = fminf(fmaxf(h[i], -lim), lim);
+    float gv = g[i], uv = h[i];
+    if (lim > 0) { /* swiglu_limit <= 0 means no clamp, as in DeepSeek's reference */
+      gv = fminf(gv, lim);
+      uv = fminf(fmaxf(uv, -lim), lim);
+    }
     h[i] = rbf(gv / (1.0f + expf(-gv)) * uv);
   }
   gemv(w2, h, y, 1);

@@ -428,8 +428,9 @@ class Model:
         def expert(xs, pre):
             g = mm(xs, self.m(pre + "w1.weight")).astype(np.float64)
             u = mm(xs, self.m(pre + "w3.weight")).astype(np.float64)
-            g = np.minimum(g, lim)
-            u = np.clip(u, -lim, lim)
+            if lim > 0:   # swiglu_limit <= 0: no clamp
+                g = np.minimum(g, lim)
+                u = np.clip(u, -lim, lim)
             h = bf16_round((g / (1.0 + np.exp(-g)) * u).astype(F32))
             return mm(h, self.m(pre + "w2.weight")).astype(np.float64)
         acc = np.zeros((T, x.shape[1]))

@@ -85,7 +85,9 @@ end
 
 local function moe_block(ck, cfg, P)
   local box = ffi.new("tide_moe*[1]")
-  check(C.tide_moe_new(box, cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size, cfg.swiglu_limit), 3)
+  -- swiglu_limit <= 0 means no clamp (DeepSeek's reference); the block takes INFINITY for that
+  local lim = cfg.swiglu_limit > 0 and cfg.swiglu_limit or math.huge
+  check(C.tide_moe_new(box, cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size, lim), 3)
   local m = ffi.gc(box[0], C.tide_moe_free)
   local function ws(pre)
     local function one(n)
