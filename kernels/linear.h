@@ -1,38 +1,62 @@
 /* linear.h - internals of the linear-layer interface shared by its kernels.
- * Contract of every forward kernel: y[m, n] = sum_k x[m, k] * W[n, k] for
- * m < M, n < N, with x rows at stride ldx and y rows at stride ldy (floats);
- * W in the handle's format. Kernels write all M x N outputs. */
+ *
+ * Contract of every row kernel: for the weight rows [r0, r0 + nr) and
+ * i < m, y[i * ldy + j] = epilogue(sum_k x[i * ldx + k] * W[r0 + j, k]) for
+ * j < nr, with x rows of K floats at stride ldx and y rows at stride ldy
+ * (floats; y points at the output of row r0). Kernels are single threaded;
+ * engine/linear.c splits rows and jobs across threads. */
 #ifndef TIDE_KERNELS_LINEAR_H
 #define TIDE_KERNELS_LINEAR_H
 
+#include "dequant.h"
 #include "tide_internal.h"
 
 struct tide_linear {
   tide_tensor w;        /* [N, K] (MXFP4: [N, K/2] bytes) */
   tide_tensor scale;    /* FP8: e8m0 [ceil(N/128), ceil(K/128)]; MXFP4: e8m0 [N, K/32]; else empty */
   int fmt;              /* tide_wfmt */
+  int policy;           /* TIDE_LINEAR_INVARIANT / TIDE_LINEAR_FAST */
   int64_t n, k;
   int64_t wbytes;       /* weight + scale bytes */
-  void *priv;           /* backend caches (prepacked panels), freed with priv_free */
-  void (*priv_free)(void *);
+  tide_wview view;      /* raw pointers for the decoders */
 };
+
+/* The output step shared by every kernel: add the old y (ACCUMULATE), round
+ * to bf16 precision (ROUND_BF16), store. */
+static inline void tide_linear_store(float *yp, float v, int flags) {
+  if (flags & TIDE_LINEAR_ACCUMULATE) v = *yp + v;
+  if (flags & TIDE_LINEAR_ROUND_BF16) v = tide_round_bf16(v);
+  *yp = v;
+}
 
 /* Value of W[n, k] after dequantisation (the reference semantics). */
 float tide_linear_weight_at(const struct tide_linear *l, int64_t n, int64_t k);
 
-/* Scalar reference: double accumulation, any format. */
+/* Scalar reference over all N rows: double accumulation, any format. */
 void tide_linear_ref(const struct tide_linear *l, float *y, int64_t ldy, const float *x, int64_t ldx, int64_t m);
+/* The same over rows [r0, r0 + nr), with the output flags. */
+void tide_linear_ref_rows(const struct tide_linear *l, int64_t r0, int64_t nr, const float *x, int64_t ldx, float *y,
+                          int64_t ldy, int64_t m, int flags);
+/* Scalar model of the invariant dot form the AVX2 kernels compute: per
+ * (m, n) eight f32 lanes (lane = k mod 8, k increasing, fmaf, the last
+ * group zero-padded), then ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)). Bitwise
+ * equal to the AVX2 kernels (tests use it to pin the order down). Slow. */
+void tide_linear_dot_rows(const struct tide_linear *l, int64_t r0, int64_t nr, const float *x, int64_t ldx, float *y,
+                          int64_t ldy, int64_t m, int flags);
+
+#if defined(__x86_64__)
+/* The AVX2 kernel: dequantises panels of at most TIDE_LIN_NC rows x
+ * TIDE_LIN_KC columns into a stack buffer with the dequant.h decoders and
+ * runs register-tiled dot-form micro-kernels over them (M <= 8: every weight
+ * decoded once per call; larger M: once per TIDE_LIN_MC rows). */
+void tide_linear_avx2_rows(const struct tide_linear *l, int64_t r0, int64_t nr, const float *x, int64_t ldx, float *y,
+                           int64_t ldy, int64_t m, int flags);
+#endif
+enum { TIDE_LIN_NC = 24, TIDE_LIN_KC = 512, TIDE_LIN_MC = 64 };
 
 /* oneDNN f32 GEMM y = x . w^T with w f32 [n, k] at row stride ldw.
  * Returns TIDE_E_UNSUPPORTED when tide was built without oneDNN. */
 int tide_dnnl_sgemm_nt(int64_t m, int64_t n, int64_t k, const float *x, int64_t ldx, const float *w, int64_t ldw,
                        float *y, int64_t ldy);
-
-/* Optional fast paths provided by kernel files; each returns TIDE_OK, or
- * TIDE_E_UNSUPPORTED when it does not handle this format/shape (the caller
- * then falls back). Set by the quantised-kernel module at startup. */
-typedef int (*tide_linear_kernel)(const struct tide_linear *l, float *y, int64_t ldy, const float *x, int64_t ldx,
-                                  int64_t m, int backend);
-extern tide_linear_kernel tide_linear_fast;
 
 #endif

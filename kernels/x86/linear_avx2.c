@@ -1,0 +1,416 @@
+/* linear_avx2.c - the invariant AVX2 linear kernel, y = x . W^T over a range
+ * of weight rows, for every weight format.
+ *
+ * One algorithm for every M: the weight rows are cut into panels of NC rows
+ * by KC columns, each panel is dequantised once into a stack buffer with the
+ * dequant.h decoders (exact f32 values, padded with zeros to a multiple of
+ * 8), and register-tiled micro-kernels run the dot form over it: for each
+ * (m, n) one 8-lane accumulator, lane = k mod 8, one FMA per 8 k in
+ * increasing k, carried across K blocks through a small accumulator buffer,
+ * then one fixed horizontal sum. Tile shapes (1x8, 2x6, 3x4, 4x3 and their
+ * edges) change only which accumulators live in registers together, never
+ * the operations applied to one of them, so every (m, n) gets the same bits
+ * whatever M, the tile it falls in, the row range or the thread.
+ *
+ * M <= 4 skips the panel: a fused decoder (below) feeds the decoded weights
+ * straight from registers to the FMAs. Otherwise M <= TIDE_LIN_MC rows of x
+ * share each decoded panel, so for M <= 8 every weight byte is read and
+ * decoded once; the panel (8 rows for M <= 8, else 24, by 512 columns) and
+ * the x block stay in L1/L2 while the weight streams from DRAM. For prefill
+ * the same loops are compute bound: the micro-kernels do 12 FMAs per 7
+ * loads. */
+#include <immintrin.h>
+#include <math.h>
+
+#include "linear.h"
+
+enum { NC = TIDE_LIN_NC, KC = TIDE_LIN_KC, MC = TIDE_LIN_MC, KCP = KC + 8 };
+
+static inline float hsum8(__m256 v) {
+  __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); /* l0+l4 .. l3+l7 */
+  a = _mm_add_ps(a, _mm_movehl_ps(a, a));                                       /* (l0+l4)+(l2+l6), (l1+l5)+(l3+l7) */
+  a = _mm_add_ss(a, _mm_movehdup_ps(a));
+  return _mm_cvtss_f32(a);
+}
+
+/* acc[i][j] over k in [0, kk): x rows at stride ldx, panel rows at stride
+ * KCP, accumulators in A (row i, column j at A + (i * NC + j) * 8). The last
+ * group of 8 may be partial (kk % 8): x is read with a mask, the panel is
+ * zero-padded there. */
+static inline __attribute__((always_inline)) void micro(const int MR, const int NR, const float *x, int64_t ldx,
+                                                        const float *P, int64_t kk, float *A, int first) {
+  __m256 acc[4][8];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; i++)
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; j++) acc[i][j] = first ? _mm256_setzero_ps() : _mm256_load_ps(A + (i * NC + j) * 8);
+  int64_t k = 0, kfull = kk & ~(int64_t)7;
+  for (; k < kfull; k += 8) {
+    /* x rows in registers, each panel vector loaded once and used MR times:
+     * MR * NR + MR + 1 <= 16 registers for 1x8, 2x6, 3x4 (4x3 spills one) */
+    __m256 xv[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; i++) xv[i] = _mm256_loadu_ps(x + i * ldx + k);
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; j++) {
+      __m256 w = _mm256_load_ps(P + j * KCP + k);
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; i++) acc[i][j] = _mm256_fmadd_ps(xv[i], w, acc[i][j]);
+    }
+  }
+  if (k < kk) {
+    const int t = (int)(kk - k);
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(t), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    __m256 w[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; j++) w[j] = _mm256_load_ps(P + j * KCP + k);
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; i++) {
+      __m256 xv = _mm256_maskload_ps(x + i * ldx + k, mask);
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; j++) acc[i][j] = _mm256_fmadd_ps(xv, w[j], acc[i][j]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; i++)
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; j++) _mm256_store_ps(A + (i * NC + j) * 8, acc[i][j]);
+}
+
+typedef void (*micro_fn)(const float *x, int64_t ldx, const float *P, int64_t kk, float *A, int first);
+#define MK(mr, nr) \
+  static void micro_##mr##x##nr(const float *x, int64_t ldx, const float *P, int64_t kk, float *A, int first) { \
+    micro(mr, nr, x, ldx, P, kk, A, first);                                                                      \
+  }
+MK(1, 1) MK(1, 2) MK(1, 3) MK(1, 4) MK(1, 5) MK(1, 6) MK(1, 7) MK(1, 8)
+MK(2, 1) MK(2, 2) MK(2, 3) MK(2, 4) MK(2, 5) MK(2, 6)
+MK(3, 1) MK(3, 2) MK(3, 3) MK(3, 4)
+MK(4, 1) MK(4, 2) MK(4, 3)
+#undef MK
+
+/* widest tile for a row count mr (12 accumulators at most) */
+static const int tile_nr[5] = {0, 8, 6, 4, 3};
+static const micro_fn tiles[5][9] = {
+    {0},
+    {0, micro_1x1, micro_1x2, micro_1x3, micro_1x4, micro_1x5, micro_1x6, micro_1x7, micro_1x8},
+    {0, micro_2x1, micro_2x2, micro_2x3, micro_2x4, micro_2x5, micro_2x6},
+    {0, micro_3x1, micro_3x2, micro_3x3, micro_3x4},
+    {0, micro_4x1, micro_4x2, micro_4x3},
+};
+
+/* ---- fused decode for M <= 4 ----
+ * The same dot form without the panel round trip: the weight rows (4 at a
+ * time for M <= 2, 2 for M = 3, 4) are decoded into registers by the same
+ * instruction sequences as the dequant.h AVX2 decoders and fed straight to
+ * the FMAs. Blocks the inline
+ * decoders do not cover exactly (an fp8 scale above 246 or an fp8 NaN code,
+ * an MXFP4 NaN scale, the ragged last block, the K % 8 tail) are decoded
+ * into a small buffer by the exact decoders instead; either way every
+ * weight value and every FMA is the one the panel path uses. */
+
+enum { PREFETCH_BYTES = 1024 };
+
+static inline __attribute__((always_inline)) __m256i f8_f16(const uint8_t *p) {
+  __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
+  return _mm256_and_si256(_mm256_slli_epi16(w, 7), _mm256_set1_epi16((short)0xbf80));
+}
+
+/* rows [n, n + RR) x columns [k0, k0 + len) through the exact decoders */
+static inline __attribute__((always_inline)) void fused_slow(const int MR, const int RR, const struct tide_linear *l,
+                                                             int64_t n, const float *x, int64_t ldx, int64_t k0,
+                                                             int64_t len, __m256 acc[4][4]) {
+  _Alignas(32) float buf[4][136];
+  tide_dequant_block(&buf[0][0], 136, &l->view, n, RR, k0, len, (len + 7) & ~(int64_t)7, &tide_dequant_avx2);
+  for (int64_t k = 0; k < len; k += 8) {
+    __m256 xv[4];
+    if (k + 8 <= len) {
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; i++) xv[i] = _mm256_loadu_ps(x + i * ldx + k0 + k);
+    } else {
+      const __m256i mask =
+          _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(len - k)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; i++) xv[i] = _mm256_maskload_ps(x + i * ldx + k0 + k, mask);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < RR; r++) {
+      __m256 w = _mm256_load_ps(&buf[r][k]);
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; i++) acc[i][r] = _mm256_fmadd_ps(xv[i], w, acc[i][r]);
+    }
+  }
+}
+
+static inline __attribute__((always_inline)) void fused_rows(const int MR, const int RR, const int FMT,
+                                                             const struct tide_linear *l, int64_t n, const float *x,
+                                                             int64_t ldx, float *y, int64_t ldy, int flags,
+                                                             const float *xs, const uint8_t *pre) {
+  __m256 acc[4][4];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; i++)
+#pragma GCC unroll 4
+    for (int r = 0; r < RR; r++) acc[i][r] = _mm256_setzero_ps();
+  const int64_t K = l->k, rb = l->view.row_bytes;
+  const uint8_t *w0 = l->view.w + n * rb;
+  const int64_t B = FMT == TIDE_W_FP8 ? 128 : FMT == TIDE_W_MXFP4 ? 32 : 64;
+  const int64_t kfull = K / B * B;
+  for (int64_t k0 = 0; k0 < kfull; k0 += B) {
+    const float *xk = x + k0;
+    if (FMT == TIDE_W_F32 || FMT == TIDE_W_BF16 || FMT == TIDE_W_F16) {
+      /* these stream at memory speed: prefetching the four rows 1 KiB ahead
+       * measured +20-35% at M = 1 (FP8 and MXFP4, bound by their decode,
+       * lose a little from the extra instructions and go without) */
+      const int64_t bb = FMT == TIDE_W_F32 ? 256 : 128; /* bytes of a row per block */
+      const uint8_t *pf = w0 + (k0 / B) * bb + PREFETCH_BYTES;
+#pragma GCC unroll 4
+      for (int r = 0; r < RR; r++)
+        for (int64_t o = 0; o < bb; o += 64) _mm_prefetch((const char *)(pf + r * rb + o), _MM_HINT_T0);
+    }
+    if (FMT == TIDE_W_FP8) {
+      uint8_t sc = l->view.s[(n / 128) * l->view.s_ld + k0 / 128];
+      __m256i mx = _mm256_setzero_si256();
+#pragma GCC unroll 4
+      for (int r = 0; r < RR; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < 128; j += 32) {
+          __m256i raw = _mm256_loadu_si256((const __m256i *)(w0 + r * rb + k0 + j));
+          mx = _mm256_max_epu8(mx, _mm256_add_epi8(raw, raw));
+        }
+      if (sc > 246 || _mm256_movemask_epi8(_mm256_cmpeq_epi8(mx, _mm256_set1_epi8((char)0xfe)))) {
+        fused_slow(MR, RR, l, n, x, ldx, k0, B, acc);
+        continue;
+      }
+      if (MR == 1 && pre && pre[k0 / 128]) {
+        /* x pre-multiplied by 2^(sc - 119) exactly (see fused_gemv): the
+         * FMA sees the same exact product as with the scaled weight */
+        const float *xp = xs + k0;
+        for (int j = 0; j < 128; j += 16) {
+          __m256 x0 = _mm256_loadu_ps(xp + j), x1 = _mm256_loadu_ps(xp + j + 8);
+#pragma GCC unroll 4
+          for (int r = 0; r < RR; r++) {
+            __m256i h = f8_f16(w0 + r * rb + k0 + j);
+            acc[0][r] = _mm256_fmadd_ps(x0, _mm256_cvtph_ps(_mm256_castsi256_si128(h)), acc[0][r]);
+            acc[0][r] = _mm256_fmadd_ps(x1, _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), acc[0][r]);
+          }
+        }
+        continue;
+      }
+      const __m256 f = _mm256_castsi256_ps(_mm256_set1_epi32((int)(sc + 8) << 23));
+      for (int j = 0; j < 128; j += 16) {
+        __m256 x0[4], x1[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; i++) {
+          x0[i] = _mm256_loadu_ps(xk + i * ldx + j);
+          x1[i] = _mm256_loadu_ps(xk + i * ldx + j + 8);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < RR; r++) {
+          __m256i h = f8_f16(w0 + r * rb + k0 + j);
+          __m256 a = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), f);
+          __m256 b = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), f);
+#pragma GCC unroll 4
+          for (int i = 0; i < MR; i++) {
+            acc[i][r] = _mm256_fmadd_ps(x0[i], a, acc[i][r]);
+            acc[i][r] = _mm256_fmadd_ps(x1[i], b, acc[i][r]);
+          }
+        }
+      }
+    } else if (FMT == TIDE_W_MXFP4) {
+      const uint8_t *srow = l->view.s + n * l->view.s_ld + k0 / 32;
+      int nan = 0;
+#pragma GCC unroll 4
+      for (int r = 0; r < RR; r++) nan |= srow[r * l->view.s_ld] == 0xff;
+      if (nan) {
+        fused_slow(MR, RR, l, n, x, ldx, k0, B, acc);
+        continue;
+      }
+      const __m256 mag = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
+      const __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+      const __m256 c28 = _mm256_castsi256_ps(
+          _mm256_setr_epi32(0, 1 << 28, 2 << 28, 3 << 28, 4 << 28, 5 << 28, 6 << 28, 7 << 28));
+      __m256 t[4];
+#pragma GCC unroll 4
+      for (int r = 0; r < RR; r++) {
+        uint8_t sc = srow[r * l->view.s_ld];
+        __m256 scale = _mm256_castsi256_ps(_mm256_set1_epi32(sc ? (int)sc << 23 : 0x00400000));
+        t[r] = _mm256_xor_ps(_mm256_mul_ps(mag, scale), c28);
+      }
+#pragma GCC unroll 4
+      for (int q = 0; q < 4; q++) {
+        __m256 xv[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; i++) xv[i] = _mm256_loadu_ps(xk + i * ldx + 8 * q);
+#pragma GCC unroll 4
+        for (int r = 0; r < RR; r++) {
+          uint32_t u;
+          memcpy(&u, w0 + r * rb + k0 / 2 + 4 * q, 4);
+          __m256i idx = _mm256_srlv_epi32(_mm256_set1_epi32((int)u), sh);
+          __m256 v = _mm256_xor_ps(_mm256_permutevar8x32_ps(t[r], idx),
+                                   _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+#pragma GCC unroll 4
+          for (int i = 0; i < MR; i++) acc[i][r] = _mm256_fmadd_ps(xv[i], v, acc[i][r]);
+        }
+      }
+    } else {
+      for (int j = 0; j < 64; j += 8) {
+        __m256 xv[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; i++) xv[i] = _mm256_loadu_ps(xk + i * ldx + j);
+#pragma GCC unroll 4
+        for (int r = 0; r < RR; r++) {
+          const uint8_t *p = w0 + r * rb;
+          __m256 v;
+          if (FMT == TIDE_W_F32) {
+            v = _mm256_loadu_ps((const float *)p + k0 + j);
+          } else if (FMT == TIDE_W_BF16) {
+            __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + k0 + j)));
+            v = _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+          } else {
+            v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + k0 + j)));
+          }
+#pragma GCC unroll 4
+          for (int i = 0; i < MR; i++) acc[i][r] = _mm256_fmadd_ps(xv[i], v, acc[i][r]);
+        }
+      }
+    }
+  }
+  if (kfull < K) fused_slow(MR, RR, l, n, x, ldx, kfull, K - kfull, acc);
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; i++)
+#pragma GCC unroll 4
+    for (int r = 0; r < RR; r++) tide_linear_store(&y[i * ldy + r], hsum8(acc[i][r]), flags);
+}
+
+typedef void (*fused_fn)(const struct tide_linear *l, int64_t n, const float *x, int64_t ldx, float *y, int64_t ldy,
+                         int flags, const float *xs, const uint8_t *pre);
+#define FK(mr, rr, fmt)                                                                                          \
+  static void fused_##mr##_##rr##_##fmt(const struct tide_linear *l, int64_t n, const float *x, int64_t ldx,   \
+                                        float *y, int64_t ldy, int flags, const float *xs, const uint8_t *pre) { \
+    fused_rows(mr, rr, fmt, l, n, x, ldx, y, ldy, flags, xs, pre);                                               \
+  }
+#define FK_FMT(fmt) \
+  FK(1, 1, fmt) FK(1, 4, fmt) FK(2, 1, fmt) FK(2, 4, fmt) FK(3, 1, fmt) FK(3, 2, fmt) FK(4, 1, fmt) FK(4, 2, fmt)
+FK_FMT(0) FK_FMT(1) FK_FMT(2) FK_FMT(3) FK_FMT(4)
+#undef FK_FMT
+#undef FK
+#define FK_ROW(fmt)                                                                                       \
+  {{fused_1_1_##fmt, fused_1_4_##fmt}, {fused_2_1_##fmt, fused_2_4_##fmt}, {fused_3_1_##fmt, fused_3_2_##fmt}, \
+   {fused_4_1_##fmt, fused_4_2_##fmt}}
+static const fused_fn fused_tab[5][4][2] = {FK_ROW(0), FK_ROW(1), FK_ROW(2), FK_ROW(3), FK_ROW(4)};
+#undef FK_ROW
+
+/* FP8 at M = 1: the block scale can move from the weight to x when that is
+ * exact. x * 2^(sc-119) is exact for every x of the row when no product
+ * overflows (sc <= 245 - emax, emax = exponent of max|x|) and, for factors
+ * below 1, none falls below 2^-126 (sc >= -7 - emin, emin = exponent of the
+ * smallest nonzero |x|); then fma(x * c, h, acc) and fma(x, h * c, acc)
+ * see the same exact product and give the same bits, and the decoder saves
+ * its multiply. Returns the allowed scale range [*lo, *hi]. */
+static void prescale_range(const float *x, int64_t K, int *lo, int *hi) {
+  float amax = 0.0f, amin = INFINITY;
+  const __m256 inf = _mm256_set1_ps(INFINITY), absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 vmax = _mm256_setzero_ps(), vmin = inf;
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    __m256 a = _mm256_and_ps(_mm256_loadu_ps(x + k), absm);
+    __m256 fin = _mm256_cmp_ps(a, inf, _CMP_LT_OQ); /* finite (NaN compares false) */
+    vmax = _mm256_max_ps(vmax, _mm256_and_ps(a, fin));
+    __m256 nz = _mm256_and_ps(fin, _mm256_cmp_ps(a, _mm256_setzero_ps(), _CMP_NEQ_OQ));
+    vmin = _mm256_min_ps(vmin, _mm256_blendv_ps(inf, a, nz));
+  }
+  _Alignas(32) float t0[8], t1[8];
+  _mm256_store_ps(t0, vmax);
+  _mm256_store_ps(t1, vmin);
+  for (int i = 0; i < 8; i++) {
+    if (t0[i] > amax) amax = t0[i];
+    if (t1[i] < amin) amin = t1[i];
+  }
+  for (; k < K; k++) {
+    float a = fabsf(x[k]);
+    if (a == INFINITY || a != a) continue; /* inf/NaN give the same result either way */
+    if (a > amax) amax = a;
+    if (a != 0.0f && a < amin) amin = a;
+  }
+  int e;
+  int emax = -200, emin = 200;
+  if (amax > 0.0f) {
+    frexpf(amax, &e);
+    emax = e - 1;
+  }
+  if (amin < INFINITY) {
+    frexpf(amin, &e);
+    emin = e - 1;
+  }
+  int h = 245 - emax, lw = -7 - emin;
+  *hi = h < 246 ? h : 246;
+  *lo = lw < 0 ? 0 : lw > 119 ? 119 : lw;
+}
+
+enum { PRESCALE_MAX_K = 16384, FUSED_MAX_M = 4 };
+
+static void fused_gemv(const struct tide_linear *l, int64_t r0, int64_t nr, const float *x, int64_t ldx, float *y,
+                       int64_t ldy, int64_t m, int flags) {
+  const fused_fn *tab = fused_tab[l->fmt][m - 1];
+  const int64_t K = l->k;
+  int pre_on = l->fmt == TIDE_W_FP8 && m == 1 && K <= PRESCALE_MAX_K;
+  _Alignas(32) float xs[pre_on ? PRESCALE_MAX_K : 1];
+  uint8_t pre[pre_on ? PRESCALE_MAX_K / 128 : 1];
+  int lo = 0, hi = -1;
+  if (pre_on) prescale_range(x, K, &lo, &hi);
+  int64_t blk = -1;
+  for (int64_t n = r0; n < r0 + nr;) {
+    if (pre_on && n / 128 != blk) { /* a new 128-row block: its scales decide */
+      blk = n / 128;
+      const uint8_t *srow = l->view.s + blk * l->view.s_ld;
+      for (int64_t kb = 0; kb * 128 < K; kb++) {
+        int sc = srow[kb];
+        pre[kb] = kb * 128 + 128 <= K && sc >= lo && sc <= hi;
+        if (!pre[kb]) continue;
+        const __m256 c = _mm256_castsi256_ps(_mm256_set1_epi32((sc + 8) << 23));
+        for (int j = 0; j < 128; j += 8)
+          _mm256_store_ps(xs + kb * 128 + j, _mm256_mul_ps(_mm256_loadu_ps(x + kb * 128 + j), c));
+      }
+    }
+    /* groups of g rows (4 for M <= 2, 2 beyond); an FP8 group must share
+     * one 128-row scale block */
+    int g = m <= 2 ? 4 : 2;
+    int big = r0 + nr - n >= g && (l->fmt != TIDE_W_FP8 || n / 128 == (n + g - 1) / 128);
+    tab[big](l, n, x, ldx, y + (n - r0), ldy, flags, pre_on ? xs : NULL, pre_on ? pre : NULL);
+    n += big ? g : 1;
+  }
+}
+
+void tide_linear_avx2_rows(const struct tide_linear *l, int64_t r0, int64_t nr, const float *x, int64_t ldx, float *y,
+                           int64_t ldy, int64_t m, int flags) {
+  if (m <= FUSED_MAX_M) {
+    fused_gemv(l, r0, nr, x, ldx, y, ldy, m, flags);
+    return;
+  }
+  _Alignas(64) float P[NC * KCP];
+  _Alignas(64) float A[MC * NC * 8];
+  const int64_t K = l->k;
+  /* decode (M <= 8): 8-row panels, small enough to stay in L1 between the
+   * decoder's stores and the micro-kernel's loads */
+  const int64_t nc = m <= 8 ? 8 : NC;
+  for (int64_t n0 = 0; n0 < nr; n0 += nc) {
+    const int64_t nn = nr - n0 < nc ? nr - n0 : nc;
+    for (int64_t m0 = 0; m0 < m; m0 += MC) {
+      const int64_t mm = m - m0 < MC ? m - m0 : MC;
+      for (int64_t k0 = 0; k0 < K; k0 += KC) {
+        const int64_t kk = K - k0 < KC ? K - k0 : KC;
+        tide_dequant_block(P, KCP, &l->view, r0 + n0, nn, k0, kk, (kk + 7) & ~(int64_t)7, &tide_dequant_avx2);
+        for (int64_t i0 = 0; i0 < mm; i0 += 4) {
+          const int mr = mm - i0 < 4 ? (int)(mm - i0) : 4, w = tile_nr[mr];
+          const float *xi = x + (m0 + i0) * ldx + k0;
+          for (int64_t j0 = 0; j0 < nn; j0 += w) {
+            const int nrt = nn - j0 < w ? (int)(nn - j0) : w;
+            tiles[mr][nrt](xi, ldx, P + j0 * KCP, kk, A + (i0 * NC + j0) * 8, k0 == 0);
+          }
+        }
+      }
+      for (int64_t i = 0; i < mm; i++)
+        for (int64_t j = 0; j < nn; j++)
+          tide_linear_store(&y[(m0 + i) * ldy + n0 + j], hsum8(_mm256_load_ps(A + (i * NC + j) * 8)), flags);
+    }
+  }
+}

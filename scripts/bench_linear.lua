@@ -1,0 +1,155 @@
+-- scripts/bench_linear.lua: the quantised linear kernels against the limits
+-- of this machine, measured in the same run.
+--   * M = 1 (decode): GB/s of weight bytes read, and the share of the read
+--     bandwidth (tide_bench_read_bw) with 1 and with all threads. A weight
+--     smaller than 256 MiB is swept as several copies, so it comes from
+--     DRAM and not from the L3 (32 MiB per CCD; two threads may sit on two).
+--   * M = 64 and M = 256 (prefill): GFLOP/s of the invariant kernels, of
+--     oneDNN f32 on f32 weights of the same shape, and of the FAST policy
+--     (oneDNN on dequantised panels of the real format).
+-- Every figure is the median of several runs; prints a markdown table.
+-- Usage: tide scripts/bench_linear.lua [--quick]
+local tide = require("tide")
+local q = tide.quant
+local C = tide.C
+
+local quick = false
+for i = 1, #arg do
+  if arg[i] == "--quick" then quick = true end
+end
+local RUNS = quick and 3 or 5
+local BW_BYTES = quick and (64 * 1048576) or (256 * 1048576)
+local MIN_SWEEP = (quick and 128 or 256) * 1048576 -- bytes of distinct weights per M = 1 sweep
+local MIN_TIME = quick and 0.05 or 0.2
+
+local function median(xs)
+  table.sort(xs)
+  local n = #xs
+  if n % 2 == 1 then return xs[(n + 1) / 2] end
+  return (xs[n / 2] + xs[n / 2 + 1]) / 2
+end
+
+-- seconds per call of f (median over RUNS, each run repeated for MIN_TIME)
+local function timeit(f, calls_per_f)
+  f() -- warm up
+  local xs = {}
+  for r = 1, RUNS do
+    local n, t0 = 0, tide.time()
+    local dt
+    repeat
+      f()
+      n = n + 1
+      dt = tide.time() - t0
+    until dt >= MIN_TIME
+    xs[r] = dt / (n * (calls_per_f or 1))
+  end
+  return median(xs)
+end
+
+local function with_threads(n, f)
+  local old = tide.threads()
+  tide.threads(n)
+  local a, b = f()
+  tide.threads(old)
+  return a, b
+end
+
+local T = math.max(2, tide.threads())
+
+-- a random weight of the given format: tensors w, scale
+local function make_weight(fmt, n, k, seed)
+  if fmt == "fp8" then
+    local w = tide.randn({ n, k }, { seed = seed, std = 64, dtype = "f8e4m3" })
+    return w, tide.full({ math.ceil(n / 128), math.ceil(k / 128) }, 2 ^ -10, "e8m0")
+  elseif fmt == "mxfp4" then
+    local w = tide.randn({ n, k / 2 }, { seed = seed, std = 64, dtype = "f8e4m3" }):view_dtype("u8")
+    return w, tide.full({ n, k / 32 }, 2 ^ -6, "e8m0")
+  end
+  return tide.randn({ n, k }, { seed = seed, std = 0.02, dtype = fmt }), nil
+end
+
+local shapes = {
+  { name = "wq_b", fmt = "fp8", n = 32768, k = 1024 },
+  { name = "wo_b", fmt = "fp8", n = 4096, k = 8192 },
+  { name = "expert w1", fmt = "mxfp4", n = 2048, k = 4096 },
+  { name = "head", fmt = "bf16", n = quick and 16384 or 129280, k = 4096 },
+  { name = "K=N=4096", fmt = "fp8", n = 4096, k = 4096 },
+  { name = "K=N=4096", fmt = "mxfp4", n = 4096, k = 4096 },
+  { name = "K=N=4096", fmt = "bf16", n = 4096, k = 4096 },
+  { name = "K=N=4096", fmt = "f32", n = 4096, k = 4096 },
+}
+
+local bw1 = with_threads(1, function()
+  local xs = {}
+  for r = 1, RUNS do xs[r] = C.tide_bench_read_bw(BW_BYTES, 1, 1) end
+  return median(xs)
+end)
+local bwT = with_threads(T, function()
+  local xs = {}
+  for r = 1, RUNS do xs[r] = C.tide_bench_read_bw(BW_BYTES, 1, T) end
+  return median(xs)
+end)
+
+local rows = {}
+local notes = {}
+for _, sh in ipairs(shapes) do
+  local w, s = make_weight(sh.fmt, sh.n, sh.k, 1)
+  local lin = q.linear(w, s)
+  local bytes = lin.bytes
+  -- M = 1: sweep enough distinct copies to leave the caches
+  local copies = { lin } -- (a handle holds its own reference to the weight tensors)
+  local ncopies = math.max(1, math.ceil(MIN_SWEEP / bytes))
+  for c = 2, ncopies do copies[c] = q.linear(make_weight(sh.fmt, sh.n, sh.k, c)) end
+  local x1, y1 = tide.randn({ 1, sh.k }, { seed = 7 }), tide.zeros(1, sh.n)
+  local opts1 = { out = y1 }
+  local function sweep()
+    for c = 1, ncopies do copies[c]:forward(x1, opts1) end
+  end
+  local t1 = with_threads(1, function() return timeit(sweep, ncopies) end)
+  local tT = with_threads(T, function() return timeit(sweep, ncopies) end)
+  local g1, gT = bytes / t1 / 1e9, bytes / tT / 1e9
+  -- prefill: invariant kernels, oneDNN f32 on f32 weights, FAST policy
+  local wf = lin.format == "f32" and w or q.dequant(w, s)
+  local lf = q.linear(wf)
+  local cells = {}
+  for _, M in ipairs({ 64, 256 }) do
+    local x, y = tide.randn({ M, sh.k }, { seed = 8 }), tide.zeros(M, sh.n)
+    local flop = 2 * M * sh.n * sh.k
+    local opts = { out = y }
+    local dopts = { out = y, backend = "dnnl" }
+    local ti = with_threads(T, function() return timeit(function() lin:forward(x, opts) end) end)
+    local ok, td = pcall(with_threads, T, function() return timeit(function() lf:forward(x, dopts) end) end)
+    local tf
+    if ok and lin.format ~= "f32" then
+      lin:policy("fast")
+      tf = with_threads(T, function() return timeit(function() lin:forward(x, opts) end) end)
+      lin:policy("invariant")
+    end
+    cells[#cells + 1] = string.format("%.0f / %s / %s", flop / ti / 1e9, ok and string.format("%.0f", flop / td / 1e9)
+      or "n/a", tf and string.format("%.0f", flop / tf / 1e9) or "=")
+    if ok and td < ti then notes[#notes + 1] = string.format("%s %s M=%d: oneDNN f32 faster (%.2fx)", sh.name, sh.fmt,
+        M, ti / td) end
+  end
+  rows[#rows + 1] = string.format("| %s %dx%d | %s | %.1f | %.1f (%.0f%%) | %.1f (%.0f%%) | %s | %s |", sh.name, sh.n,
+    sh.k, sh.fmt, bytes / 1048576, g1, 100 * g1 / bw1, gT, 100 * gT / bwT, cells[1], cells[2])
+  for c = 1, ncopies do copies[c]:close() end
+  lf:close()
+  collectgarbage()
+end
+
+print(string.format("tide %s, %s, %s, OMP_WAIT_POLICY=%s, DNNL_MAX_CPU_ISA=%s; median of %d runs%s", tide.version,
+  jit.version, tide.cpu(), os.getenv("OMP_WAIT_POLICY") or "(default)", os.getenv("DNNL_MAX_CPU_ISA") or "(default)",
+  RUNS, quick and " (--quick: short runs, small head)" or ""))
+print(string.format("read bandwidth (tide_bench_read_bw, %d MiB): %.1f GB/s with 1 thread, %.1f GB/s with %d threads",
+  BW_BYTES / 1048576, bw1, bwT, T))
+print("")
+print(string.format("| weight | format | MiB | M=1 GB/s, 1 thread | M=1 GB/s, %d threads | M=64 GFLOP/s | %s |", T,
+  "M=256 GFLOP/s"))
+print("|---|---|---|---|---|---|---|")
+for _, r in ipairs(rows) do print(r) end
+print("")
+print(string.format("GFLOP/s cells: invariant kernels / oneDNN f32 on f32 weights / FAST policy (oneDNN on dequantised"
+  .. " panels), %d threads. Percentages: of the read bandwidth with the same thread count.", T))
+print("oneDNN picks its ISA at run time (AVX-512 where the CPU has it); DNNL_MAX_CPU_ISA=AVX2 in the environment")
+print("compares it on the terms of the AVX2 target the invariant kernels are written for.")
+for _, n in ipairs(notes) do print("note: " .. n) end
