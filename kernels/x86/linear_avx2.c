@@ -14,11 +14,11 @@
  *
  * M <= 4 skips the panel: a fused decoder (below) feeds the decoded weights
  * straight from registers to the FMAs. Otherwise M <= TIDE_LIN_MC rows of x
- * share each decoded panel, so for decode (M <= 8) every weight byte is
- * read and decoded once; the panel (24 rows x
- * 512 columns, 48 KiB) and the x block stay in L1/L2 while the weight
- * streams from DRAM. For prefill the same loops are compute bound: the
- * micro-kernels do 12 FMAs per 7 loads. */
+ * share each decoded panel, so for M <= 8 every weight byte is read and
+ * decoded once; the panel (8 rows for M <= 8, else 24, by 512 columns) and
+ * the x block stay in L1/L2 while the weight streams from DRAM. For prefill
+ * the same loops are compute bound: the micro-kernels do 12 FMAs per 7
+ * loads. */
 #include <immintrin.h>
 #include <math.h>
 
@@ -245,7 +245,8 @@ static inline __attribute__((always_inline)) void fused_rows(const int MR, const
           uint32_t u;
           memcpy(&u, w0 + r * rb + k0 / 2 + 4 * q, 4);
           __m256i idx = _mm256_srlv_epi32(_mm256_set1_epi32((int)u), sh);
-          __m256 v = _mm256_xor_ps(_mm256_permutevar8x32_ps(t[r], idx), _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+          __m256 v = _mm256_xor_ps(_mm256_permutevar8x32_ps(t[r], idx),
+                                   _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
 #pragma GCC unroll 4
           for (int i = 0; i < MR; i++) acc[i][r] = _mm256_fmadd_ps(xv[i], v, acc[i][r]);
         }
@@ -287,7 +288,8 @@ typedef void (*fused_fn)(const struct tide_linear *l, int64_t n, const float *x,
                                         float *y, int64_t ldy, int flags, const float *xs, const uint8_t *pre) { \
     fused_rows(mr, rr, fmt, l, n, x, ldx, y, ldy, flags, xs, pre);                                               \
   }
-#define FK_FMT(fmt) FK(1, 1, fmt) FK(1, 4, fmt) FK(2, 1, fmt) FK(2, 4, fmt) FK(3, 1, fmt) FK(3, 2, fmt) FK(4, 1, fmt) FK(4, 2, fmt)
+#define FK_FMT(fmt) \
+  FK(1, 1, fmt) FK(1, 4, fmt) FK(2, 1, fmt) FK(2, 4, fmt) FK(3, 1, fmt) FK(3, 2, fmt) FK(4, 1, fmt) FK(4, 2, fmt)
 FK_FMT(0) FK_FMT(1) FK_FMT(2) FK_FMT(3) FK_FMT(4)
 #undef FK_FMT
 #undef FK
@@ -365,7 +367,8 @@ static void fused_gemv(const struct tide_linear *l, int64_t r0, int64_t nr, cons
         pre[kb] = kb * 128 + 128 <= K && sc >= lo && sc <= hi;
         if (!pre[kb]) continue;
         const __m256 c = _mm256_castsi256_ps(_mm256_set1_epi32((sc + 8) << 23));
-        for (int j = 0; j < 128; j += 8) _mm256_store_ps(xs + kb * 128 + j, _mm256_mul_ps(_mm256_loadu_ps(x + kb * 128 + j), c));
+        for (int j = 0; j < 128; j += 8)
+          _mm256_store_ps(xs + kb * 128 + j, _mm256_mul_ps(_mm256_loadu_ps(x + kb * 128 + j), c));
       }
     }
     /* groups of g rows (4 for M <= 2, 2 beyond); an FP8 group must share
