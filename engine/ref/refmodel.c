@@ -126,11 +126,43 @@ static float vec_at(const tide_tensor *t, int64_t i) {
   }
 }
 
+/* Decoding every weight element on every use dominates the reference's
+ * time, so each matrix is decoded once (by rw_at, the same values) into an
+ * f32 copy while a process-wide budget lasts; beyond it (large models),
+ * elements are decoded on the fly as before. Either way the numbers are
+ * identical. */
+static int64_t deq_budget = (int64_t)2 << 30;   /* bytes of decoded copies, all reference models */
+static const float *rw_rows(rw *w) {
+  if (w->f32) return w->f32;
+  int64_t bytes = w->n * w->k * (int64_t)sizeof(float);
+  if (bytes > deq_budget) return NULL;
+  float *f = tide_xmalloc((size_t)bytes);
+  if (!f) {
+    tide_clear_error();
+    return NULL;
+  }
+  deq_budget -= bytes;
+  for (int64_t i = 0; i < w->n; i++)
+    for (int64_t j = 0; j < w->k; j++) f[i * w->k + j] = rw_at(w, i, j);
+  w->f32 = f;
+  return f;
+}
+static void rw_release(rw *w) {
+  if (!w->f32) return;
+  deq_budget += w->n * w->k * (int64_t)sizeof(float);
+  tide_xfree(w->f32);
+  w->f32 = NULL;
+}
+
 /* y[n] = round_bf16(sum_k x[k] W[n,k]) (accumulated in double) */
-static void gemv(const rw *w, const float *x, float *y, int round) {
+static void gemv(rw *w, const float *x, float *y, int round) {
+  const float *f = rw_rows(w);
   for (int64_t i = 0; i < w->n; i++) {
     double acc = 0;
-    for (int64_t j = 0; j < w->k; j++) acc += (double)x[j] * rw_at(w, i, j);
+    if (f)
+      for (int64_t j = 0; j < w->k; j++) acc += (double)x[j] * f[i * w->k + j];
+    else
+      for (int64_t j = 0; j < w->k; j++) acc += (double)x[j] * rw_at(w, i, j);
     y[i] = round ? rbf((float)acc) : (float)acc;
   }
 }
@@ -240,6 +272,7 @@ static void layer_free(refm_layer *l) {
   rw *ws[] = {&l->wq_a, &l->wq_b, &l->wkv, &l->wo_a, &l->wo_b, &l->c_wkv, &l->c_wgate, &l->i_wq_b, &l->i_wproj,
               &l->ic_wkv, &l->ic_wgate, &l->gate, &l->sh_w1, &l->sh_w2, &l->sh_w3};
   for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
+    rw_release(ws[i]);
     tide_tensor_release(&ws[i]->w);
     tide_tensor_release(&ws[i]->s);
   }
@@ -250,6 +283,7 @@ static void layer_free(refm_layer *l) {
   if (l->experts) {
     for (int e = 0; e < l->n_experts; e++)
       for (int j = 0; j < 3; j++) {
+        rw_release(&l->experts[3 * e + j]);
         tide_tensor_release(&l->experts[3 * e + j].w);
         tide_tensor_release(&l->experts[3 * e + j].s);
       }
@@ -276,6 +310,7 @@ void refm_free(refm *m) {
   tide_tensor_release(&m->hc_head_fn);
   tide_tensor_release(&m->hc_head_base);
   tide_tensor_release(&m->hc_head_scale);
+  rw_release(&m->head);
   tide_tensor_release(&m->head.w);
   tide_xfree(m->scratch);
   tide_xfree(m);
@@ -615,7 +650,7 @@ static float sqrt_softplus(float v) {
   return (float)sqrt(sp);
 }
 
-static void expert(const rw *w1, const rw *w2, const rw *w3, const float *x, float *h, float *g, float *y, float lim) {
+static void expert(rw *w1, rw *w2, rw *w3, const float *x, float *h, float *g, float *y, float lim) {
   gemv(w1, x, g, 1);
   gemv(w3, x, h, 1);
   for (int64_t i = 0; i < w1->n; i++) {
@@ -686,7 +721,7 @@ static int moe_layer(refm *m, int L, const float *x, int64_t id, int64_t p, floa
   for (int64_t i = 0; i < d; i++) acc[i] = 0;
   float *h = m->hbuf, *g = h + c->inter * (c->n_shared > 1 ? c->n_shared : 1), *y = g + c->inter * (c->n_shared > 1 ? c->n_shared : 1);
   for (int64_t i = 0; i < k; i++) {
-    const rw *ex = &l->experts[3 * ids[i]];
+    rw *ex = &l->experts[3 * ids[i]];
     expert(&ex[0], &ex[1], &ex[2], x, h, g, y, c->swiglu_limit);
     for (int64_t j = 0; j < d; j++) acc[j] += (double)wts[i] * y[j];
   }

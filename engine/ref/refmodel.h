@@ -25,6 +25,7 @@ typedef struct {
   tide_tensor w, s;
   int kind;
   int64_t n, k;
+  float *f32;                /* the decoded matrix [n, k], made on first use while the budget lasts */
 } refm_w;
 
 typedef struct refm_layer {

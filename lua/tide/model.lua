@@ -242,15 +242,62 @@ function Model:_ref_for(seq)
 end
 
 -- Per-layer error of the fast path against the reference since
--- use_reference, per token NMSE of the sub-layer output:
--- { [L] = { attn = { tokens =, mean_nmse =, max_nmse = }, moe = {...} } }.
+-- use_reference, on the sub-layer output (both paths get the same input):
+-- { [L] = { attn = { tokens =, mean_nmse =, max_nmse =, equal = }, moe = {...} } }
+-- where `equal` is the fraction of output elements that are bitwise equal:
+-- both paths round to bf16 at the same points, so it stays near 1 unless a
+-- rounding point or a quantisation step differs (then it falls far).
 function Model:reference_report()
   local out = {}
   for L, e in pairs(self._ref_err) do
     out[L] = {}
     for k, v in pairs(e) do
-      out[L][k] = { tokens = v.n, mean_nmse = v.n > 0 and v.sum / v.n or 0, max_nmse = v.max }
+      out[L][k] = { tokens = v.n, mean_nmse = v.n > 0 and v.sum / v.n or 0, max_nmse = v.max,
+        equal = v.elems > 0 and v.equal / v.elems or 0 }
     end
+  end
+  return out
+end
+
+-- Logits of every position of `tokens` computed by the golden reference
+-- alone (a fresh reference state, nothing of the fast path), as [T, vocab].
+-- opts.replay = { topk = dump, routes = dump } forces the reference to take
+-- the given discrete decisions (the tables `dump_topk` / `dump_routes` of a
+-- step, or the parsed JSON of `tide logits --dump-*`: layers -> per-token
+-- lists), so the continuous numbers of two implementations can be compared
+-- with near-ties held equal (doc section 8). opts.dump_topk / dump_routes
+-- record the reference's own decisions.
+function Model:reference_logits(tokens, opts)
+  opts = opts or {}
+  local T, V = #tokens, self.vocab_size
+  local box = ffi.new("tide_refmodel*[1]")
+  check(C.tide_refmodel_new(box, self.ck._h), 2)
+  local ref = ffi.gc(box[0], C.tide_refmodel_free)
+  local replay = opts.replay or {}
+  local ids = ffi.new("int32_t[?]", math.max(self.config.index_topk, 64))
+  local function rows(dump, L)
+    if not dump then return nil end
+    return dump[L] or dump[tostring(L)]
+  end
+  local out = tide.zeros({ T, V })
+  local st = { ref_dump_topk = opts.dump_topk, ref_dump_routes = opts.dump_routes }
+  for t = 0, T - 1 do
+    for L = 0, self.net.n_layers - 1 do
+      local rt = rows(replay.topk, L)
+      if rt and rt[t + 1] then
+        local r = rt[t + 1]
+        for i = 1, #r do ids[i - 1] = r[i] end
+        check(C.tide_refmodel_force_topk(ref, L, t, ids, #r), 2)
+      end
+      local rr = rows(replay.routes, L)
+      if rr and rr[t + 1] then
+        local r = rr[t + 1]
+        for i = 1, #r do ids[i - 1] = r[i] end
+        check(C.tide_refmodel_force_route(ref, L, t, ids), 2)
+      end
+    end
+    check(C.tide_refmodel_step(ref, tokens[t + 1], out[t]), 2)
+    if st.ref_dump_topk or st.ref_dump_routes then self:_ref_decisions(ref, st) end
   end
   return out
 end
@@ -476,7 +523,7 @@ function Model:_hooks(st, opts)
       local v = st.v
       local e = errs[l.index] or {}
       errs[l.index] = e
-      local acc = e[kind] or { n = 0, sum = 0, max = 0 }
+      local acc = e[kind] or { n = 0, sum = 0, max = 0, elems = 0, equal = 0 }
       e[kind] = acc
       for i, sp in ipairs(st.spans) do
         local seq = st.entries[i].seq
@@ -489,10 +536,12 @@ function Model:_hooks(st, opts)
           else
             check(C.tide_refmodel_moe(ref, l.index, xr, st.ids[t], sp.pos0 + j, tmp))
           end
-          local cmp = ar:compare(tmp)
+          local cmp = ar:compare(tmp, 0, 0)      -- rtol = atol = 0: n_bad counts unequal elements
           acc.n = acc.n + 1
           acc.sum = acc.sum + cmp.nmse
           if cmp.nmse > acc.max then acc.max = cmp.nmse end
+          acc.elems = acc.elems + d
+          acc.equal = acc.equal + (d - cmp.n_bad)
           check(C.tide_tensor_copy(ar, tmp))
         end
       end

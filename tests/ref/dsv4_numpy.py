@@ -411,7 +411,7 @@ class Model:
             sc = np.exp(logits - logits.max(axis=1, keepdims=True))
             sc = sc / sc.sum(axis=1, keepdims=True)
         if replay is not None:
-            sel = np.asarray(replay, dtype=np.int64)
+            sel = np.asarray(replay[:T], dtype=np.int64)
         elif L < c.get("num_hash_layers", 0):
             tab, _ = self.ck.raw(P + "gate.tid2eid")
             sel = tab[np.asarray(ids)].astype(np.int64)
