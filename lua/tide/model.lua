@@ -656,6 +656,61 @@ function Model:logits(tokens, opts)
   return out
 end
 
+-- Scoring a continuation: the logprob of each continuation token given
+-- everything before it, under the model's raw distribution (no sampler).
+-- prompt / continuation: text (the model's tokenizer; BOS before the prompt)
+-- or lists of ids. opts.top = N adds the N most likely tokens per position.
+-- Returns { {token =, logprob =, rank =, top =}, ... }, the sum of the
+-- logprobs, and the continuation's ids.
+function Model:score(prompt, continuation, opts)
+  opts = opts or {}
+  local tok = self.tokenizer
+  local function ids_of(x, first)
+    if type(x) == "table" then return x end
+    if type(x) ~= "string" then error("score(prompt, continuation): text or lists of ids", 3) end
+    if not tok then error("score: the model has no tokenizer; give ids", 3) end
+    return tok:encode(x, { add_special_tokens = first })
+  end
+  local p, c = ids_of(prompt, true), ids_of(continuation, false)
+  if #p == 0 then error("score: the prompt must hold at least one token", 2) end
+  if #c == 0 then return {}, 0, c end
+  local all = {}
+  for i, v in ipairs(p) do all[i] = v end
+  for i, v in ipairs(c) do all[#p + i] = v end
+  local seq, err = self:sequence()
+  if not seq then return nil, err end
+  local rows = tide.zeros({ #c, self.vocab_size })
+  local ok, e = pcall(function()
+    -- the prompt but its last token needs no logits; then every row that predicts a continuation token
+    local head = {}
+    for i = 1, #p - 1 do head[i] = p[i] end
+    if #head > 0 then
+      local _, ferr = self:prefill(seq, head, { chunk = opts.chunk })
+      if ferr then error(ferr, 0) end
+    end
+    local rest = {}
+    for i = #p, #all - 1 do rest[#rest + 1] = all[i] end
+    local done = 0
+    local chunk = opts.chunk or self.max_tokens
+    while done < #rest do
+      local m = math.min(chunk, #rest - done)
+      local part = {}
+      for j = 1, m do part[j] = rest[done + j] end
+      local res, serr = self:step({ { seq = seq, tokens = part, logits = "all" } })
+      if not res then error(serr, 0) end
+      check(C.tide_tensor_copy(rows:narrow(0, done, m), res[1]))
+      done = done + m
+    end
+  end)
+  seq:free()
+  if not ok then error(e, 0) end
+  local list, total = require("tide.sampling").score_rows(rows, c, opts.top or 0)
+  return list, total, c
+end
+
+-- A chat session over this model (tide.session): s:say(text), s:undo(), ...
+function Model:session(opts) return require("tide.session").new(self, opts) end
+
 function Model:close()
   for _, s in pairs(self._seqs) do s:free() end
   self._refs = nil

@@ -285,6 +285,27 @@ describe("the DeepSeek-V4 model", function()
     m:close()
   end)
 
+  it("score(prompt, continuation) gives each continuation token's logprob under the raw distribution", function()
+    local p, c = tm.tokens(70, V, 15), tm.tokens(30, V, 16)
+    local list, total = mA:score(p, c, { top = 2, chunk = 17 })
+    assert.equals(30, #list)
+    local all = {}
+    for i, v in ipairs(p) do all[i] = v end
+    for i, v in ipairs(c) do all[70 + i] = v end
+    local lg = mA:logits(all)
+    local sum = 0
+    for i = 1, 30 do
+      local row = lg[70 + i - 2]
+      local lse = math.log(row:softmax():get(c[i])) - row:get(c[i])   -- -lse
+      local want = row:get(c[i]) + lse
+      assert.is_true(math.abs(list[i].logprob - want) < 1e-4, "token " .. i)
+      assert.equals(c[i], list[i].token)
+      assert.equals(2, #list[i].top)
+      sum = sum + list[i].logprob
+    end
+    assert.is_true(math.abs(total - sum) < 1e-6)
+  end)
+
   it("tide logits writes [T, vocab] float32 and the decision dumps as JSON", function()
     local dir = (os.getenv("TIDE_TEST_TMP") or "/tmp") .. "/model_spec_cli"
     os.execute("mkdir -p " .. tm.q(dir))
