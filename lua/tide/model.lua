@@ -323,7 +323,9 @@ function Model:step(entries, opts)
   local T, seen = 0, {}
   for i, e in ipairs(entries) do
     local s = e.seq
-    if getmetatable(s) ~= Seq or s.model ~= self then error("step entry " .. i .. ": seq is not a sequence of this model", 2) end
+    if getmetatable(s) ~= Seq or s.model ~= self then
+      error("step entry " .. i .. ": seq is not a sequence of this model", 2)
+    end
     if not s._live then error("step entry " .. i .. ": the sequence was freed", 2) end
     if seen[s.id] then error("step entry " .. i .. ": sequence " .. s.id .. " appears twice in one step", 2) end
     seen[s.id] = true
@@ -610,8 +612,8 @@ function Model:prefill(seq, tokens, opts)
     local m = math.min(chunk, n - i + 1)
     local part = {}
     for j = 1, m do part[j] = tokens[i + j - 1] end
-    local res, err = self:step({ { seq = seq, tokens = part, logits = opts.on_logits and "all" or (i + m > n and "last" or false) } },
-      opts.step)
+    local want = opts.on_logits and "all" or (i + m > n and "last" or false)
+    local res, err = self:step({ { seq = seq, tokens = part, logits = want } }, opts.step)
     if not res then return nil, err end
     if opts.on_logits then opts.on_logits(res[1], i - 1) end
     last = res[1]
@@ -632,7 +634,9 @@ function Model:logits(tokens, opts)
   elseif mode == "decode" then chunk = 1
   else
     chunk = tonumber(tostring(mode):match("^chunked:(%d+)$"))
-    if not chunk or chunk < 1 then error("logits: mode must be prefill, decode or chunked:N, got " .. tostring(mode), 2) end
+    if not chunk or chunk < 1 then
+      error("logits: mode must be prefill, decode or chunked:N, got " .. tostring(mode), 2)
+    end
   end
   if chunk > self.max_tokens then error("logits: chunk " .. chunk .. " exceeds max_tokens " .. self.max_tokens, 2) end
   local T = #tokens

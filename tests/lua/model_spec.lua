@@ -321,7 +321,10 @@ describe("the DeepSeek-V4 model", function()
     local cjson = require("cjson")
     local t = cjson.decode(assert(io.open(dir .. "/t.json")):read("*a"))
     local r = cjson.decode(assert(io.open(dir .. "/r.json")):read("*a"))
-    assert.same({ "1", "3" }, (function() local k = {} for x in pairs(t.layers) do k[#k + 1] = x end table.sort(k) return k end)())
+    local keys = {}
+    for x in pairs(t.layers) do keys[#keys + 1] = x end
+    table.sort(keys)
+    assert.same({ "1", "3" }, keys)
     assert.equals(90, #t.layers["1"])
     assert.same({ 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15 }, t.layers["3"][64])  -- p = 63: 16 visible
     assert.equals(16, #t.layers["3"][90])                    -- p = 89: 22 visible, 16 chosen

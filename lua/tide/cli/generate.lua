@@ -43,7 +43,9 @@ end
 function M.run(argv)
   local o, pos = args.parse(argv, spec, "generate")
   if #pos > 0 then args.fail("generate: unexpected argument '" .. pos[1] .. "'") end
-  if (o.prompt == nil) == (o.tokens == nil) then args.fail("generate: give exactly one of --prompt TEXT or --tokens IDS") end
+  if (o.prompt == nil) == (o.tokens == nil) then
+    args.fail("generate: give exactly one of --prompt TEXT or --tokens IDS")
+  end
   local tide = require("tide")
   if o.threads then tide.threads(o.threads) end
   local max_new = o.n_predict or o.max_tokens

@@ -1,0 +1,226 @@
+-- bench_model.lua: the whole model on the `bench` checkpoint (Flash's layer
+-- shapes: d 4096, 64 heads, q_lora 1024, o_lora 1024 x 8 groups, experts of
+-- 2048 MXFP4 with an FP8 shared expert; 4 layers [SWA, C4, C128, C4], 16
+-- experts, a 32k vocabulary; ~2 GB, generated under build/models/bench if
+-- missing). Reports, in one run:
+--   prefill tokens/s of a 512-token prompt;
+--   decode tokens/s at context 0, 4K and 32K, and as a fraction of the
+--   bandwidth roofline: (weight + KV bytes the step actually reads) / (read
+--   bandwidth measured in the same run);
+--   the share of a decode step spent outside C (Lua wiring, FFI calls);
+--   peak RSS against the checkpoint's size.
+-- Contexts of 4K and 32K are made with tide_kvcache_seq_set_length (pages
+-- allocated, contents zero): decode's work does not depend on the values
+-- (every visible entry is scored, K are attended), so the timing is that of
+-- a real context without prefilling 32K tokens first. --real-context
+-- prefills them instead (slow).
+--   tide scripts/bench_model.lua [--quick] [--real-context] [--model DIR] [--threads N]
+local tide = require("tide")
+local ffi = require("ffi")
+local C = tide.C
+
+local root = (arg and arg[0] and arg[0]:match("^(.*)/scripts/[^/]*$")) or "."
+local opts = { quick = false, real = false, model = root .. "/build/models/bench", threads = nil }
+local i = 1
+while arg and arg[i] do
+  local a = arg[i]
+  if a == "--quick" then opts.quick = true
+  elseif a == "--real-context" then opts.real = true
+  elseif a == "--model" then i = i + 1; opts.model = arg[i]
+  elseif a == "--threads" then i = i + 1; opts.threads = tonumber(arg[i])
+  else error("bench_model: unknown argument " .. a) end
+  i = i + 1
+end
+if opts.threads then tide.threads(opts.threads) end
+
+local function exists(p)
+  local f = io.open(p, "rb")
+  if f then f:close() return true end
+  return false
+end
+if not exists(opts.model .. "/config.json") then
+  io.stderr:write("bench_model: generating the bench checkpoint in " .. opts.model .. " (~2 GB, once)\n")
+  local mk = assert(loadfile(root .. "/scripts/make_checkpoint.lua"))
+  local saved = arg
+  _G.arg = { [0] = "make_checkpoint.lua", "--preset", "bench", "--out", opts.model, "--quiet" }
+  mk()
+  _G.arg = saved
+end
+
+local function median(t)
+  local s = {}
+  for k, v in ipairs(t) do s[k] = v end
+  table.sort(s)
+  local n = #s
+  return n % 2 == 1 and s[(n + 1) / 2] or (s[n / 2] + s[n / 2 + 1]) / 2
+end
+
+local function rss_kb(field)
+  local f = io.open("/proc/self/status")
+  if not f then return 0 end
+  for l in f:lines() do
+    local v = l:match("^" .. field .. ":%s+(%d+)")
+    if v then f:close() return tonumber(v) end
+  end
+  f:close()
+  return 0
+end
+
+local contexts = opts.quick and { 0, 4096 } or { 0, 4096, 32768 }
+local maxctx = contexts[#contexts] + 600
+local t0 = tide.time()
+local m = assert(tide.model(opts.model, { max_tokens = 512, tokenizer = false,
+  cache = { context = maxctx, max_seqs = 3, seq_budget = 2 } }))
+local cfg = m.config
+local t_load = tide.time() - t0
+local ckbytes = m.ck:summary().bytes
+
+print(string.format("bench_model: %s, %d layers (ratios %s), d %d, %d experts (k %d), vocab %d, %.2f GB; "
+  .. "%d threads; load %.2f s", opts.model, cfg.num_hidden_layers, table.concat(cfg.compress_ratios, ","), cfg.hidden_size, cfg.n_routed_experts,
+  cfg.num_experts_per_tok, cfg.vocab_size, ckbytes / 1e9, tide.threads(), t_load))
+
+local bw = C.tide_bench_read_bw(512 * 1024 * 1024, 5, tide.threads())
+print(string.format("read bandwidth (%d threads, measured now): %.1f GB/s", tide.threads(), bw))
+
+local V = cfg.vocab_size
+local function toks(n, seed)
+  local t, x = {}, seed
+  for k = 1, n do x = (x * 1103515245 + 12345) % 2147483648; t[k] = x % V end
+  return t
+end
+
+-- ---- prefill: a 512-token prompt, fresh sequence each run
+local pre = {}
+for r = 1, opts.quick and 2 or 3 do
+  local s = m:sequence()
+  local a = tide.time()
+  assert(m:prefill(s, toks(512, r)))
+  pre[r] = 512 / (tide.time() - a)
+  s:free()
+end
+local prefill_tps = median(pre)
+
+-- ---- bytes a decode step reads
+local net = m.net
+local function lin_bytes(l) return l and tonumber(C.tide_linear_weight_bytes(l)) or 0 end
+local moe_stats = ffi.new("tide_moe_stats")
+local function step_bytes(ctx, moe_bytes)
+  local W, K = cfg.sliding_window, cfg.index_topk
+  local w, kv = 0, 0
+  local n = ctx + 1
+  for L = 0, net.n_layers - 1 do
+    local l = net.layers[L]
+    w = w + lin_bytes(l.wq_a) + lin_bytes(l.wkv) + lin_bytes(l.wq_b) + lin_bytes(l.wo_a) + lin_bytes(l.wo_b)
+      + lin_bytes(l.gate) + 2 * (2 + cfg.hc_mult) * cfg.hc_mult * cfg.hc_mult * cfg.hidden_size * 4
+    kv = kv + math.min(W, n) * 584
+    if l.ratio > 1 then w = w + lin_bytes(l.c_wkv) + lin_bytes(l.c_wgate) end
+    if l.ratio == 4 then
+      w = w + lin_bytes(l.ic_wkv) + lin_bytes(l.ic_wgate)
+      local ne = math.floor(n / 4)
+      if ne > K then
+        w = w + lin_bytes(l.i_wq_b) + lin_bytes(l.i_wproj)
+        kv = kv + ne * 132 + K * 584
+      else
+        kv = kv + ne * 584
+      end
+    elseif l.ratio == 128 then
+      kv = kv + math.floor(n / 128) * 584
+    end
+  end
+  w = w + moe_bytes + lin_bytes(net.head) + cfg.hidden_size * 2
+  return w, kv
+end
+
+-- ---- decode at each context
+local rows = {}
+local outside, peak_main
+for _, ctx in ipairs(contexts) do
+  local s = m:sequence()
+  if ctx > 0 then
+    if opts.real then
+      assert(m:prefill(s, toks(ctx, 7)))
+    else
+      local rc = C.tide_kvcache_seq_set_length(m.cache, s.id, ctx)
+      assert(rc == 0, tide.last_error())
+    end
+  end
+  local nt = opts.quick and 8 or 16
+  local last = 1
+  -- warm up (first touch of the experts this context picks)
+  for k = 1, 3 do last = m:step({ { seq = s, tokens = { (last * 31 + k) % V } } })[1]:argmax() end
+  local times, moe_b = {}, 0
+  for k = 1, nt do
+    local a = tide.time()
+    local res = m:step({ { seq = s, tokens = { (last * 31 + k) % V } } })
+    times[k] = tide.time() - a
+    last = res[1]:argmax()
+    for L = 0, net.n_layers - 1 do
+      C.tide_moe_stats_get(net.layers[L].moe, moe_stats)
+      moe_b = moe_b + tonumber(moe_stats.weight_bytes)
+    end
+  end
+  local dt = median(times)
+  local wb, kvb = step_bytes(ctx, moe_b / nt)
+  rows[#rows + 1] = { ctx = ctx, tps = 1 / dt, ms = dt * 1e3, wb = wb, kvb = kvb,
+    roof = (wb + kvb) / (bw * 1e9) / dt }
+  if ctx == contexts[#contexts] then peak_main = rss_kb("VmHWM") * 1024 end
+  s:free()
+end
+
+local peak = peak_main or rss_kb("VmHWM") * 1024
+m:close()
+collectgarbage()
+-- Time outside C: the same decode steps with every C call timed, on a
+-- second instance of the model built through a timing proxy of the C
+-- library (an upper bound: the wrapper's own cost counts as outside).
+do
+  local nt = opts.quick and 8 or 16
+  -- time outside C: the same steps with every C call timed (an upper bound:
+  -- the timing wrapper's own cost counts as outside)
+  local tffi = require("tide.ffi")
+  local realC = tffi.C
+  local sum = 0
+  local clock = realC.tide_time
+  local proxy = setmetatable({}, { __index = function(t, k)
+    local f = realC[k]
+    if type(f) ~= "cdata" then return f end
+    local wf = function(...)
+      local a = clock()
+      local r = f(...)
+      sum = sum + (clock() - a)
+      return r
+    end
+    rawset(t, k, wf)
+    return wf
+  end })
+  tffi.C = proxy
+  package.loaded["tide.models.deepseek_v4"] = nil
+  package.loaded["tide.model"] = nil
+  local pm = assert(require("tide.model").load(opts.model, { max_tokens = 16, tokenizer = false,
+    cache = { context = 256, max_seqs = 2, seq_budget = 1 } }))
+  tffi.C = realC
+  local ps = pm:sequence()
+  pm:step({ { seq = ps, tokens = { 1 } } })
+  for k = 1, 3 do pm:step({ { seq = ps, tokens = { k } } }) end
+  sum = 0
+  local a = tide.time()
+  for k = 1, nt do pm:step({ { seq = ps, tokens = { (k * 17) % V } } }) end
+  local total = tide.time() - a
+  outside = (total - sum) / total
+  pm:close()
+end
+
+print()
+print("| measurement | value | note |")
+print("|---|---:|---|")
+print(string.format("| prefill, 512-token prompt | %.1f tokens/s | median of %d, steps of 512 tokens |",
+  prefill_tps, #pre))
+for _, r in ipairs(rows) do
+  print(string.format("| decode at context %s | %.2f tokens/s (%.1f ms) | reads %.0f MB weights + %.2f MB KV "
+    .. "per token; %.0f%% of the bandwidth roofline |", r.ctx >= 1024 and (math.floor(r.ctx / 1024) .. "K")
+    or tostring(r.ctx), r.tps, r.ms, r.wb / 1e6, r.kvb / 1e6, r.roof * 100))
+end
+print(string.format("| decode time outside C kernels | %.2f%% | upper bound: includes the timing wrapper's own cost |",
+  outside * 100))
+print(string.format("| peak RSS | %.2f GB | checkpoint %.2f GB (weights mmap'd, in RSS once touched), plus caches "
+  .. "and buffers |", peak / 1e9, ckbytes / 1e9))
