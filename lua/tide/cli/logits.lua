@@ -9,7 +9,7 @@ local spec = {
   tokens = { type = "string", meta = "IDS", required = true, help = "token ids, comma or space separated" },
   out = { type = "string", meta = "FILE", required = true, help = "where the float32 [T, vocab] logits go" },
   mode = { type = "string", meta = "M", default = "prefill",
-    help = "prefill (one step), decode (one token per step) or chunked:N (N tokens per step)" },
+    help = "prefill (one step; steps of 4096 beyond), decode (one token per step) or chunked:N" },
   dump_topk = { type = "string", meta = "FILE",
     help = "JSON {\"layers\": {L: [[entries...] per token]}}: compressed entries each ratio-4 layer attended" },
   dump_routes = { type = "string", meta = "FILE",
@@ -60,7 +60,9 @@ function M.run(argv)
   local ids = parse_ids(o.tokens)
   local T = #ids
   local chunk
-  if o.mode == "prefill" then chunk = T
+  -- prefill is one step; past 4096 tokens it runs in steps of 4096 to bound
+  -- the activation buffers (the logits are bitwise the same either way)
+  if o.mode == "prefill" then chunk = math.min(T, 4096)
   elseif o.mode == "decode" then chunk = 1
   else
     chunk = tonumber(o.mode:match("^chunked:(%d+)$"))
