@@ -62,6 +62,17 @@ describe("the DeepSeek-V4 model", function()
     end
   end)
 
+  it("gives bitwise the same logits with 1 and 2 threads", function()
+    local t = tm.tokens(160, V, 17)
+    local n0 = tide.threads()
+    tide.threads(1)
+    local one = mA:logits(t, { mode = "chunked:40" })
+    tide.threads(2)
+    local two = mA:logits(t, { mode = "chunked:40" })
+    tide.threads(n0)
+    assert.is_true(same_bits(one, two), "1 vs 2 threads differ")
+  end)
+
   it("matches the golden reference at every position, across the window, C128 entries and real top-k", function()
     -- the dumps hold every decision of the fast path: the reference replays them
     assert.equals(300, #dumps.topk[1])
