@@ -54,6 +54,21 @@ local function deep_copy(v)
   return o
 end
 
+-- Decode ids, leaving out those past the tokenizer's vocabulary (a model's
+-- padding rows, which only an untrained model samples).
+local function decode(tok, ids, opts)
+  local V, keep = tok.vocab_size, ids
+  for _, id in ipairs(ids) do
+    if id >= V then
+      keep = {}
+      for _, x in ipairs(ids) do if x < V then keep[#keep + 1] = x end end
+      break
+    end
+  end
+  return tok:decode(keep, opts)
+end
+M.decode = decode
+
 -- ---------------------------------------------------------------- replies
 -- What say / regen / generate return: the text shown, the ids, why it
 -- ended, timing; for chat turns the parsed parts (content, reasoning,
@@ -550,7 +565,7 @@ function Session:peek(n)
   local tok = self.model.tokenizer
   local out = {}
   for i, e in ipairs(r.top) do
-    out[i] = { id = e.id, logprob = e.logprob, p = math.exp(e.logprob), text = tok and tok:decode({ e.id }) or nil }
+    out[i] = { id = e.id, logprob = e.logprob, p = math.exp(e.logprob), text = tok and decode(tok, { e.id }) or nil }
   end
   return out
 end
@@ -562,7 +577,7 @@ function Session:len() return #self.toks end
 function Session:text()
   local tok = self.model.tokenizer
   if not tok then return table.concat(self.toks, " ") end
-  return tok:decode(self.toks, { skip_special_tokens = false })
+  return decode(tok, self.toks, { skip_special_tokens = false })
 end
 
 -- The conversation as chat messages (system, then user/assistant turns; the
@@ -577,7 +592,7 @@ function Session:messages()
       local ids = {}
       for i = t.reply + 1, t.stop do ids[#ids + 1] = self.toks[i] end
       out[#out + 1] = { role = "assistant",
-        content = tok and tok:decode(ids, { skip_special_tokens = true }) or table.concat(ids, " ") }
+        content = tok and decode(tok, ids, { skip_special_tokens = true }) or table.concat(ids, " ") }
     end
   end
   return out
@@ -754,7 +769,7 @@ function Session:inspect(opts)
   local rep = require("tide.inspect").report(self.model, spec, 0)
   rep.index = idx
   local tok = self.model.tokenizer
-  if tok then rep.text = tok:decode({ rep.id }) end
+  if tok then rep.text = decode(tok, { rep.id }) end
   return rep, res
 end
 
