@@ -189,7 +189,8 @@ end
 
 -- Text tables for a report. opts.layer = L: the details of one layer (per
 -- head shares, the selected entries best first, opts.entries of them, default
--- 16); otherwise one line per layer. opts.tokenizer labels the token.
+-- 16); otherwise one line per layer. Experts are listed by weight, heaviest
+-- first. opts.tokenizer labels the token.
 function M.format(r, opts)
   opts = opts or {}
   local lines = {}
@@ -203,8 +204,16 @@ function M.format(r, opts)
   local function experts(L, n)
     local rt = r.routes[L]
     if not rt then return "" end
+    local order = {}
+    for i = 1, #rt.experts do order[i] = i end
+    table.sort(order, function(x, y)
+      if rt.weights[x] ~= rt.weights[y] then return rt.weights[x] > rt.weights[y] end
+      return rt.experts[x] < rt.experts[y]
+    end)
     local parts = {}
-    for i = 1, math.min(n, #rt.experts) do parts[i] = string.format("%d:%.2f", rt.experts[i], rt.weights[i]) end
+    for i = 1, math.min(n, #order) do
+      parts[i] = string.format("%d:%.2f", rt.experts[order[i]], rt.weights[order[i]])
+    end
     return table.concat(parts, " ")
   end
   local L1 = opts.layer

@@ -177,6 +177,34 @@ function M.new(model, opts)
   return s
 end
 
+-- ---------------------------------------------------------------- logits
+-- The logits after the last fed token live in a buffer the session owns
+-- (one memcpy per token, no allocation); snapshots and forks take their own
+-- copies, restored snapshots lend theirs (never written).
+local function copy_row(row)
+  local t = tide.empty({ row:numel() })
+  ffi.copy(t.data, row.data, row:numel() * 4)
+  return t
+end
+
+function Session:_keep_logits(row)
+  local b = self._lbuf
+  local n = row:numel()
+  if not b or b:numel() ~= n then
+    b = tide.empty({ n })
+    self._lbuf = b
+  end
+  if row:is_contiguous() then ffi.copy(b.data, row.data, n * 4) else b:copy(row) end
+  self.last_logits = b
+end
+
+-- The current logits as a tensor nobody will overwrite.
+function Session:_frozen_logits()
+  local l = self.last_logits
+  if l ~= nil and l == self._lbuf then return copy_row(l) end
+  return l
+end
+
 -- ---------------------------------------------------------------- snapshots
 local function snap_release(sn)
   sn.refs = sn.refs - 1
@@ -200,7 +228,7 @@ function Session:_snapshot()
   if last and last.pos >= pos then return end
   local f = self.seq:fork()
   if not f then return end
-  self.snaps[#self.snaps + 1] = { pos = pos, seq = f, logits = self.last_logits, refs = 1 }
+  self.snaps[#self.snaps + 1] = { pos = pos, seq = f, logits = self:_frozen_logits(), refs = 1 }
   while #self.snaps > self.max_snapshots do self:_drop_snapshot(1) end
 end
 
@@ -252,7 +280,7 @@ function Session:_sync(interruptible, kind)
     local row = self:_step(self.seq, part, last and "last" or false)
     self.fed = i + m
     if last then
-      self.last_logits = row:clone()
+      self:_keep_logits(row)
       self.logits_at = self.fed
     elseif interruptible and self:_interrupted() then
       done = false
@@ -538,6 +566,8 @@ function Session:fork()
   local f = setmetatable({}, Session)
   for k, v in pairs(self) do f[k] = v end
   f.seq = seq
+  f._lbuf = nil
+  f.last_logits = self:_frozen_logits()
   f.toks = copy_list(self.toks)
   f.turns = deep_copy(self.turns)
   f.snaps = {}
@@ -762,7 +792,7 @@ function Session:inspect(opts)
     local r, e = self.model:step({ { seq = scratch, tokens = { self.toks[idx + 1] }, logits = "last" } },
       { inspect = spec })
     if not r then error(e, 0) end
-    return r[1]:clone()
+    return copy_row(r[1])
   end)
   scratch:free()
   if not ok then error("inspect: " .. tostring(res), 0) end
@@ -1077,7 +1107,7 @@ function Session:_import(ck, man)
     return false
   end
   self.fed = n
-  self.last_logits = ck:tensor("logits"):clone()
+  self.last_logits = copy_row(ck:tensor("logits"))
   self.logits_at = n
   return true
 end

@@ -325,6 +325,58 @@ print("reply2 " .. ids(s:say(%q)))
     assert.is_true(same_list(out[1], out[2]))
   end)
 
+  it("applies the chat template: the first turn as chat.encode renders it, later turns as the template's delta", function()
+    local chat = require("tide.chat")
+    local tok = m.tokenizer
+    local s = new{ system = "Be brief.", max_tokens = 6 }
+    s:say(U[1])
+    s:say(U[2])
+    local t1, t2 = s.turns[1], s.turns[2]
+    local want1 = chat.encode(tok, { { role = "system", content = "Be brief." }, { role = "user", content = U[1] } },
+      { add_generation_prompt = true })
+    assert.same(want1, { unpack(s.toks, 1, t1.reply) })
+    -- a reply cut at max_tokens is closed with EOS, then USER ... ASSISTANT
+    local want2 = tok:encode(chat.tokens.user .. U[2] .. chat.tokens.assistant, { add_special_tokens = false })
+    if s.toks[t1.stop] ~= m.config.eos_token_id then table.insert(want2, 1, m.config.eos_token_id) end
+    assert.same(want2, { unpack(s.toks, t2.start + 1, t2.reply) })
+    local msgs = s:messages()
+    assert.equals(5, #msgs)
+    assert.same({ "system", "user", "assistant", "user", "assistant" },
+      { msgs[1].role, msgs[2].role, msgs[3].role, msgs[4].role, msgs[5].role })
+    assert.equals(U[2], msgs[4].content)
+    assert.matches(U[1], s:text(), 1, true)
+    s:close()
+  end)
+
+  it("sampler files and custom chains: swapped in place, saved by path, a custom chain must be given back", function()
+    local sampling = require("tide.sampling")
+    local path = tm.TMP .. "/session_spec_sampler.lua"
+    local f = assert(io.open(path, "w"))
+    f:write("return sampling.chain{ sampling.top_k(7), sampling.temperature(0.6), sampling.dist() }\n")
+    f:close()
+    local s = new{}
+    s:say(U[1])
+    local rng = s.state:rng_state()
+    assert.is_true(s:set_sampler(path))
+    assert.equals(rng, s.state:rng_state())
+    assert.equals("file", s.sampler_spec.kind)
+    local P = tm.TMP .. "/session_spec3.tsess"
+    assert.is_true(s:save(P))
+    local l = assert(session.load(m, P, { print = false }))
+    assert.equals(s.sampler:describe(), l.sampler:describe())
+    assert.is_true(same_list(s:say(U[2]).tokens, l:say(U[2]).tokens))
+    -- a chain of Lua stages cannot be written down: load asks for it
+    local c = new{ sampler = sampling.chain{ function(cands) local _ = cands end, sampling.greedy() } }
+    c:say(U[1])
+    assert.is_true(c:save(P))
+    local none, err = session.load(m, P)
+    assert.is_nil(none)
+    assert.matches("custom sampler chain", err, 1, true)
+    local back = assert(session.load(m, P, { print = false, sampler = c.sampler }))
+    assert.is_true(same_list(c:say(U[2]).tokens, back:say(U[2]).tokens))
+    for _, x in ipairs({ s, l, c, back }) do x:close() end
+  end)
+
   it("settings: /set-style changes keep the generator and history; bad input raises and changes nothing", function()
     local s = new{}
     s:say(U[1])
