@@ -256,16 +256,19 @@ static int l_interrupted(lua_State *L) {
   lua_pushboolean(L, v);
   return 1;
 }
-/* arm_interrupt(on): while on, Ctrl-C raises a Lua error "interrupted" in the
- * running chunk; while off it only sets the flag. */
+/* arm_interrupt(on) -> previous setting: while on, Ctrl-C raises a Lua error
+ * "interrupted" in the running chunk; while off it only sets the flag (code
+ * that polls interrupted() between steps, as sessions do, turns it off). */
 static int l_arm_interrupt(lua_State *L) {
   int on = lua_toboolean(L, 1);
+  int was = hook_armed;
   hook_armed = 0;
   if (hook_pending) lua_sethook(main_L ? main_L : L, NULL, 0, 0);
   hook_pending = 0;
   interrupted = 0;
   hook_armed = on;
-  return 0;
+  lua_pushboolean(L, was);
+  return 1;
 }
 
 void tide_cli_install_sigint(lua_State *L) {

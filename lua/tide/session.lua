@@ -241,7 +241,35 @@ end
 
 -- ---------------------------------------------------------------- the token timeline
 function Session:_interrupted()
-  return self.interrupt ~= nil and self.interrupt() and true or false
+  if self.interrupt ~= nil and self.interrupt() then return true end
+  local le = self._le_poll
+  return le ~= nil and le.interrupted() or false
+end
+
+-- Run fn with Ctrl-C polled instead of raised. In the REPL (tide's line
+-- editing armed to raise "interrupted" in running Lua code) a Ctrl-C that
+-- landed anywhere in a session operation could leave it half done; here it
+-- only sets a flag that the generation checks between tokens and steps, so
+-- s:say() at the prompt stops cleanly with finish_reason "interrupted".
+local function polled(self, fn, ...)
+  local le = package.loaded["tide.lineedit"]
+  local armed = le and le.arm_interrupt and le.arm_interrupt(false)
+  if not armed then return fn(self, ...) end
+  self._le_poll = le
+  local res = { pcall(fn, self, ...) }
+  self._le_poll = nil
+  le.arm_interrupt(true)
+  if not res[1] then error(res[2], 0) end
+  return unpack(res, 2, table.maxn(res))
+end
+
+-- The sampler's history must be the token list; an operation cut short by
+-- an error may have left one token more on one side: mend it.
+function Session:_mend()
+  if self.state.log:len() ~= #self.toks then
+    local sn = sstate(self.state)
+    self.state:restore({ rng = sn.rng, stages = sn.stages, n_sampled = sn.n_sampled, tokens = self.toks })
+  end
 end
 
 -- One step of `ids` on `seq`; when the pool is full, snapshots are given
@@ -260,8 +288,12 @@ end
 -- time goes in the statistics ("prefill" or "decode").
 function Session:_sync(interruptible, kind)
   local n = #self.toks
+  -- the sequence's own length is the authority (an error may have cut an
+  -- operation between a step and the bookkeeping)
+  local len = self.seq:len()
+  if len ~= self.fed then self.fed = len end
+  if self.fed > n then self:_rewind_cache(n) end
   if n == 0 or (self.fed == n and self.logits_at == n) then return true end
-  if self.fed > n then error("session: internal error: the cache is ahead of the tokens", 0) end
   local chunk = self.model.max_tokens
   local t0 = tide.time()
   local fed0 = self.fed
@@ -449,7 +481,8 @@ function Session:generate(opts)
   opts = opts or {}
   if type(opts) ~= "table" then error("generate(opts): opts must be a table", 2) end
   if #self.toks == 0 then error("generate: nothing to continue (append a prompt first)", 2) end
-  return self:_generate(opts)
+  self:_mend()
+  return polled(self, self._generate, opts)
 end
 
 -- ---------------------------------------------------------------- chat turns
@@ -496,8 +529,12 @@ end
 -- has finish_reason "interrupted" and no tokens.
 function Session:say(text, opts)
   if type(text) ~= "string" then error("say(text): text must be a string", 2) end
-  opts = opts or {}
   if not self.model.tokenizer then error("say: the model has no tokenizer (use append/generate with ids)", 2) end
+  self:_mend()
+  return polled(self, self._say, text, opts or {})
+end
+
+function Session:_say(text, opts)
   local start = #self.toks
   local before = sstate(self.state)
   self:_snapshot()
@@ -532,11 +569,16 @@ end
 -- stage values as they were then) with the generator continuing, so the
 -- new reply is another draw. Returns the new Reply.
 function Session:regen(opts)
+  if not self.turns[#self.turns] then error("regen: no reply to regenerate", 2) end
+  self:_mend()
+  return polled(self, self._regen, opts or {})
+end
+
+function Session:_regen(opts)
   local turn = self.turns[#self.turns]
-  if not turn then error("regen: no reply to regenerate", 2) end
   local cur = sstate(self.state)
   self:_truncate(turn.reply, { rng = cur.rng, stages = turn.s_reply.stages, n_sampled = cur.n_sampled })
-  local r = self:_generate(opts or {})
+  local r = self:_generate(opts)
   turn.stop = #self.toks
   return finish_chat_reply(self, r)
 end

@@ -3,7 +3,8 @@
  * gets a streamed reply (the same one the piped, non-interactive chat
  * gives), /undo then the same line gives the same reply again, Ctrl-C during
  * a long generation stops it and the chat goes on, /lua enters the REPL with
- * the session bound to `s` and Ctrl-D comes back, /save in one process and
+ * the session bound to `s` (where Ctrl-C stops a reply too) and Ctrl-D
+ * comes back, /save in one process and
  * /load in a new one continue identically, Ctrl-D leaves, and the chat and
  * the REPL each keep their own history file. */
 #include <errno.h>
@@ -302,6 +303,21 @@ static void conversation(void) {
   EXPECT(&s, "> ");
   type(&s, "=#s.turns * 1000 + 7\r");
   EXPECT(&s, "\r\n3007\r\n");
+  /* Ctrl-C during a say() typed at the REPL stops the reply cleanly (the
+   * session polls it; a raised "interrupted" would not even reach compiled
+   * code), on a session of its own, without the chat's interrupt callback */
+  type(&s, "t = model:session{ seed = 1, max_tokens = 3000, ignore_eos = true }\r");
+  EXPECT(&s, "> ");
+  type(&s, "r = t:say('Go on')\r");
+  before = s.len;
+  end = now() + 20;
+  while (now() < end && s.len < before + 200) pump(&s, 50);
+  REQUIRE(&s, s.len >= before + 200, "no streamed output in the REPL");
+  type(&s, "\x03");
+  EXPECT(&s, "> ");
+  type(&s, "=r.finish_reason .. ' ' .. tostring(r.n_tokens > 0) .. ' ' .. #t.turns .. ' ' .. #s.turns\r");
+  EXPECT(&s, "\"interrupted true 1 3\"");
+  type(&s, "t:close()\r");
   int back = 0;
   for (int attempt = 0; attempt < 10 && !back; attempt++) {
     usleep(200000);

@@ -325,7 +325,7 @@ print("reply2 " .. ids(s:say(%q)))
     assert.is_true(same_list(out[1], out[2]))
   end)
 
-  it("applies the chat template: the first turn as chat.encode renders it, later turns as the template's delta", function()
+  it("applies the chat template: the first turn as chat.encode renders it, then the template's deltas", function()
     local chat = require("tide.chat")
     local tok = m.tokenizer
     local s = new{ system = "Be brief.", max_tokens = 6 }
