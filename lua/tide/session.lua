@@ -1107,7 +1107,7 @@ function M.load(model, path, opts)
       s.turns[i] = { start = t.start, reply = t.reply, stop = t.stop, user = t.user, s_before = t.s_before,
         s_reply = t.s_reply }
     end
-    s.loaded = "replayed"
+    s.loaded = n == 0 and "imported" or "replayed"
     if n > 0 and not opts.replay and s:_import(ck, man) then s.loaded = "imported" end
   end)
   ck:close()

@@ -394,4 +394,40 @@ static void load_in_a_new_process(void) {
   TT_CHECK(finish(&s), "Ctrl-D did not end the chat cleanly");
 }
 
-TT_RUN(TT(conversation), TT(load_in_a_new_process))
+/* The other commands, through the piped chat (no terminal): branches, a
+ * sampler file swapped in, settings, peek, inspect, trace, stats, history,
+ * an unknown command. */
+static void piped_commands(void) {
+  if (!model[0] && !setup()) {
+    TT_CHECK(0, "no test model");
+    return;
+  }
+  char sampler[1200];
+  snprintf(sampler, sizeof sampler, "%s/chat_sampler.lua", tmp);
+  FILE *f = fopen(sampler, "w");
+  TT_CHECK(f != NULL, "cannot write %s", sampler);
+  if (!f) return;
+  fputs("return sampling.chain{ sampling.top_k(7), sampling.temperature(0.6), sampling.dist() }\n", f);
+  fclose(f);
+  char input[2048];
+  snprintf(input, sizeof input,
+           "Hello there\\n/fork\\nSecond branch\\n/branches\\n/switch 1\\n/branches\\n/sampler %s\\n/set\\n"
+           "/set top_p 0.5\\n/peek 3\\n/inspect\\n/inspect 1\\n/trace\\n/stats\\n/history\\n/bogus\\n",
+           sampler);
+  static char out[1 << 17];
+  TT_CHECK(piped(input, out, sizeof out), "piped chat failed: %s", out);
+  const char *want[] = {"[branch 2 forked from branch 1 at ", "* 2: ", "* 1: ",
+                        "[sampler: top_k(k = 7) -> temperature(t = 0.6) -> dist (reloaded when",
+                        "  from file ", "[top_p = 0.5; sampler: ", "top_p(p = 0.5", "\n  1  ", "layer ratio",
+                        "4 of 4", "layer 1, ratio 4, window", " mean ", "step ", "(raw logits)", "cache blocks: ",
+                        "last reply: ", "user: Hello there", "[unknown command /bogus", NULL};
+  const char *at = out;
+  for (int i = 0; want[i]; i++) {
+    const char *hit = strstr(at, want[i]);
+    TT_CHECK(hit != NULL, "piped chat output lacks \"%s\" (in order)", want[i]);
+    if (hit) at = hit + strlen(want[i]);
+  }
+  if (tt_cur_failed) show("piped chat output", out, strlen(out));
+}
+
+TT_RUN(TT(conversation), TT(load_in_a_new_process), TT(piped_commands))

@@ -75,14 +75,14 @@ end
 
 local function new(o)
   o = o or {}
-  local opts = { seed = o.seed or 1, sampler = o.sampler or SAMPLER, max_tokens = o.max_tokens or 30, print = false,
+  local opts = { seed = o.seed or 1, sampler = o.sampler or SAMPLER, max_tokens = o.max_tokens or 16, print = false,
     snapshots = o.snapshots, interrupt = o.interrupt, system = o.system }
   return assert(m:session(opts))
 end
 
 describe("sessions", function()
   it("say, undo and regen keep the cache bitwise equal to a fresh prefill of the tokens", function()
-    local s = new{ system = "You are a patient storyteller." }
+    local s = new{ system = "You are a patient storyteller.", max_tokens = 30 }
     s:say(U[1])
     assert_exact(s, "after one exchange")
     s:say(U[2])
