@@ -296,13 +296,13 @@ function Session:_sync(interruptible, kind)
   if n == 0 or (self.fed == n and self.logits_at == n) then return true end
   local chunk = self.model.max_tokens
   local t0 = tide.time()
-  local fed0 = self.fed
-  local done = true
   if self.fed == n then
-    -- the logits of this point were lost (e.g. a load without them): feed
+    -- the logits of this point were lost (an operation cut short): feed
     -- the last token again from the nearest snapshot or from scratch
     self:_rewind_cache(n - 1)
   end
+  local fed0 = self.fed
+  local done = true
   while self.fed < n do
     local i = self.fed
     local m = math.min(chunk, n - i)
