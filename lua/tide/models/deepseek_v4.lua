@@ -257,7 +257,9 @@ function Net:cache_config(o)
 end
 
 -- ---------------------------------------------------------------- one step
--- st: { T, batch (prepared), cache, v (views of the buffers), ids, reference hooks }
+-- st: { T, batch (prepared), cache, v (views of the buffers), ids, reference hooks,
+--       and when a step is inspected (tide.inspect) stats[L] / scores[L]: the
+--       kernels' optional statistics and indexer-score outputs per layer }
 local function linear_fwd(l, y, x, flags)
   check(C.tide_linear_forward_ex(l, y, x, flags), 3)
 end
