@@ -313,6 +313,29 @@ print("reply2 " .. ids(s:say(%q)))
     assert.equals(base, m:cache_stats().seqs)
   end)
 
+  it("when the pool runs out, snapshots are given back and the replies stay the same", function()
+    -- 9 window blocks and 3 pages: one conversation and hardly any snapshot fit
+    local small = assert(tide.model(D, { max_tokens = 24, cache = { context = 512, max_seqs = 8, pages = 3,
+      swa_blocks = 9 } }))
+    local s = assert(small:session{ seed = 1, sampler = SAMPLER, max_tokens = 16, print = false, snapshots = 4 })
+    local relieve, given = s._relieve, 0
+    s._relieve = function(self)
+      given = given + 1
+      return relieve(self)
+    end
+    local ref = new{ snapshots = 0 }
+    for i = 1, 4 do
+      assert.is_true(same_list(s:say(U[i]).tokens, ref:say(U[i]).tokens), "turn " .. i)
+    end
+    assert.is_true(given > 0, "the pool never ran out: the test does not test")
+    assert.is_true(s:undo())
+    assert.is_true(ref:undo())
+    assert.is_true(same_list(s:say(U[1]).tokens, ref:say(U[1]).tokens))
+    s:close()
+    ref:close()
+    small:close()
+  end)
+
   it("a reply does not depend on the thread count", function()
     local out = {}
     for _, th in ipairs({ 1, 2 }) do
