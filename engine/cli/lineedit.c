@@ -190,6 +190,13 @@ static int l_write_history(lua_State *L) {
   lua_pushboolean(L, write_history(luaL_checkstring(L, 1)) == 0);
   return 1;
 }
+/* clear_history(): forget the lines in memory (the chat and the REPL keep
+ * separate histories and swap them when /lua enters the REPL) */
+static int l_clear_history(lua_State *L) {
+  (void)L;
+  clear_history();
+  return 0;
+}
 static int l_stifle(lua_State *L) {
   stifle_history((int)luaL_checkinteger(L, 1));
   return 0;
@@ -249,16 +256,19 @@ static int l_interrupted(lua_State *L) {
   lua_pushboolean(L, v);
   return 1;
 }
-/* arm_interrupt(on): while on, Ctrl-C raises a Lua error "interrupted" in the
- * running chunk; while off it only sets the flag. */
+/* arm_interrupt(on) -> previous setting: while on, Ctrl-C raises a Lua error
+ * "interrupted" in the running chunk; while off it only sets the flag (code
+ * that polls interrupted() between steps, as sessions do, turns it off). */
 static int l_arm_interrupt(lua_State *L) {
   int on = lua_toboolean(L, 1);
+  int was = hook_armed;
   hook_armed = 0;
   if (hook_pending) lua_sethook(main_L ? main_L : L, NULL, 0, 0);
   hook_pending = 0;
   interrupted = 0;
   hook_armed = on;
-  return 0;
+  lua_pushboolean(L, was);
+  return 1;
 }
 
 void tide_cli_install_sigint(lua_State *L) {
@@ -276,7 +286,8 @@ int luaopen_tide_lineedit(lua_State *L) {
                                  {"read_history", l_read_history}, {"write_history", l_write_history},
                                  {"stifle", l_stifle},           {"set_completer", l_set_completer},
                                  {"isatty", l_isatty},           {"interrupted", l_interrupted},
-                                 {"arm_interrupt", l_arm_interrupt}, {NULL, NULL}};
+                                 {"arm_interrupt", l_arm_interrupt}, {"clear_history", l_clear_history},
+                                 {NULL, NULL}};
   /* libedit encodes what it displays with the C library's multibyte
    * functions: make sure they speak UTF-8 (character classes only). */
   const char *loc = setlocale(LC_CTYPE, "");

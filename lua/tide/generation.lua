@@ -60,6 +60,7 @@ function M.new(o)
     stop_tokens = stop_tokens, ignore_eos = o.ignore_eos or false,
     detokenize = o.detokenize,
     streamer = o.tokenizer and not o.detokenize and o.tokenizer:streamer({ skip_special_tokens = true }) or nil,
+    streamer_vocab = o.tokenizer and o.tokenizer.vocab_size or 0,
     tokens = {}, pieces = {}, pending = "",
     logprobs = (o.logprobs or st.logprobs) and {} or nil,
     n_tokens = 0,
@@ -118,7 +119,8 @@ function Gen:push(token, info)
     if self.detokenize then
       piece = self.detokenize(token) or ""
     elseif self.streamer then
-      piece = self.streamer:put(token)
+      -- ids past the tokenizer's vocabulary (a model's padding rows) have no text
+      piece = token < self.streamer_vocab and self.streamer:put(token) or ""
     end
   end
   if self.logprobs then

@@ -316,6 +316,9 @@ end
 -- "last", [n, vocab] for "all", nil for false), views valid until the next
 -- step, or nil, message when the cache is full (nothing changed). Bad input
 -- (token id, position, unknown sequence) raises an error, nothing changed.
+-- opts: dump_topk / dump_routes (tables filled with the decisions, see
+-- reference_logits), inspect = spec (tide.inspect.arm: the spec table gets
+-- the step's attention mass shares, indexer scores, selections and routes).
 function Model:step(entries, opts)
   opts = opts or {}
   local net, cache, b = self.net, self.cache, self.batch
@@ -374,6 +377,9 @@ function Model:step(entries, opts)
   st.spans = spans
   st.entries = entries
   self:_hooks(st, opts)
+  -- opts.inspect: attention statistics, indexer scores and routes of this
+  -- step (tide.inspect); nothing is allocated or passed to a kernel without it
+  if opts.inspect then require("tide.inspect").arm(self, st, opts.inspect) end
   local rc = C.tide_kvcache_prepare(cache, b)
   if rc == TIDE_FULL then return nil, "cache full" end
   check(rc, 2)

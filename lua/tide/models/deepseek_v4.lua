@@ -257,7 +257,9 @@ function Net:cache_config(o)
 end
 
 -- ---------------------------------------------------------------- one step
--- st: { T, batch (prepared), cache, v (views of the buffers), ids, reference hooks }
+-- st: { T, batch (prepared), cache, v (views of the buffers), ids, reference hooks,
+--       and when a step is inspected (tide.inspect) stats[L] / scores[L]: the
+--       kernels' optional statistics and indexer-score outputs per layer }
 local function linear_fwd(l, y, x, flags)
   check(C.tide_linear_forward_ex(l, y, x, flags), 3)
 end
@@ -293,7 +295,7 @@ function Net:attention(l, st)
     linear_fwd(l.i_wq_b, st.qi2d, qr, ROUND_LIN)
     linear_fwd(l.i_wproj, v.iw, v.x, ROUND_LIN)
     check(C.tide_attn_indexer_q(v.q8, v.iw, v.qi, v.iw, self.iwscale, b, rope))
-    check(C.tide_attn_indexer_topk(cache, L, v.q8, v.iw, b, v.topk, st.scores or nil))
+    check(C.tide_attn_indexer_topk(cache, L, v.q8, v.iw, b, v.topk, st.scores and st.scores[L] or nil))
     topk = v.topk
   end
   if st.on_topk and l.ratio == 4 then st.on_topk(L, topk) end
