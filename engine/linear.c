@@ -46,6 +46,11 @@ int tide_linear_avx512_force_off(int off) {
   return old;
 }
 
+const char *tide_linear_isa(void) {
+  if (!tide_use_avx2()) return "ref";
+  return tide_linear_avx512_ready() ? "avx512" : "avx2";
+}
+
 static int bad_shape(const char *fn, const char *what, const tide_tensor *t, const char *want) {
   char b[96];
   return tide_errorf(TIDE_E_INVALID, fn, "%s has shape %s %s, expected %s", what, tide_shape_str(t, b, sizeof b),

@@ -12,13 +12,13 @@
  * the operations applied to one of them, so every (m, n) gets the same bits
  * whatever M, the tile it falls in, the row range or the thread.
  *
- * M <= 4 skips the panel: a fused decoder (below) feeds the decoded weights
- * straight from registers to the FMAs. Otherwise M <= TIDE_LIN_MC rows of x
- * share each decoded panel, so for M <= 8 every weight byte is read and
- * decoded once; the panel (8 rows for M <= 8, else 24, by 512 columns) and
- * the x block stay in L1/L2 while the weight streams from DRAM. For prefill
- * the same loops are compute bound: the micro-kernels do 12 FMAs per 7
- * loads. */
+ * M <= 8 skips the panel: fused decoders (below) feed the decoded weights
+ * straight from registers to the FMAs, each weight byte read and decoded
+ * once per call. Larger M share each decoded panel over TIDE_LIN_MC rows of
+ * x: the panel (24 rows by 512 columns) and the x block stay in L1/L2 while
+ * the weight streams, and the loops are compute bound: the micro-kernels do
+ * 12 FMAs per 7 loads. On CPUs with AVX-512 VBMI + GFNI the M <= 8 FP8 and
+ * MXFP4 groups go to linear_avx512.c, which keeps the same order. */
 #include <immintrin.h>
 #include <math.h>
 
@@ -479,9 +479,7 @@ void tide_linear_avx2_rows(const struct tide_linear *l, int64_t r0, int64_t nr, 
   _Alignas(64) float P[NC * KCP];
   _Alignas(64) float A[MC * NC * 8];
   const int64_t K = l->k;
-  /* decode (M <= 8): 8-row panels, small enough to stay in L1 between the
-   * decoder's stores and the micro-kernel's loads */
-  const int64_t nc = m <= 8 ? 8 : NC;
+  const int64_t nc = NC;
   for (int64_t n0 = 0; n0 < nr; n0 += nc) {
     const int64_t nn = nr - n0 < nc ? nr - n0 : nc;
     for (int64_t m0 = 0; m0 < m; m0 += MC) {
