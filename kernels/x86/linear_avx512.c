@@ -118,7 +118,7 @@ static inline __attribute__((always_inline)) int zfp8(const int MR, const int P,
   const __m512i ah = _mm512_set1_epi64((long long)GF_HI), al = _mm512_set1_epi64((long long)GF_LO);
   const __m512i i0 = FP8_INDEX(0), i1 = FP8_INDEX(1), i2 = FP8_INDEX(2), i3 = FP8_INDEX(3);
   const __mmask64 km = 0xccccccccccccccccull; /* bytes 2 and 3 of every dword */
-  const __m512 f = _mm512_castsi512_ps(_mm512_set1_epi32((sc + 120) << 23)); /* 2^(sc - 7) */
+  const __m512 f = _mm512_castsi512_ps(_mm512_set1_epi32((sc + 120) << 23)), nz = _mm512_set1_ps(-0.0f); /* 2^(sc - 7) */
   const float *xk = pre ? ctx->xs + k0 : x + k0;
   for (int j = 0; j < 128; j += 32) {
     __m512i hi[ZMAX_P], lo[ZMAX_P];
@@ -137,7 +137,7 @@ static inline __attribute__((always_inline)) int zfp8(const int MR, const int P,
 #pragma GCC unroll 4
       for (int p = 0; p < P; p++) {
         v[p] = _mm512_castsi512_ps(_mm512_maskz_permutex2var_epi8(km, hi[p], iq, lo[p]));
-        if (!pre) v[p] = _mm512_mul_ps(v[p], f);
+        if (!pre) v[p] = _mm512_fmadd_ps(v[p], f, nz); /* = v * f, and fast on subnormal v */
       }
 #pragma GCC unroll 8
       for (int i = 0; i < MR; i++) {
