@@ -174,105 +174,78 @@ static inline __attribute__((always_inline)) void fused_slow(const int MR, const
   }
 }
 
-/* The NaN test of FP8 blocks: mx = max over the bytes b of 2b (mod 256) is
- * 0xFE iff a byte has magnitude 0x7F, an fp8 NaN code. The test of the
- * next block of the group runs inside the decode loop of this one, 32
- * columns of every row per step: its loads then bring the next block into
- * L1 while there is decoding to overlap them with, instead of stalling in
- * front of it. */
-static inline __attribute__((always_inline)) __m256i fp8_nan_step(const int RR, __m256i mx, const uint8_t *p,
-                                                                  int64_t rb) {
-#pragma GCC unroll 8
-  for (int r = 0; r < RR; r++) {
-    __m256i raw = _mm256_loadu_si256((const __m256i *)(p + r * rb));
-    mx = _mm256_max_epu8(mx, _mm256_add_epi8(raw, raw));
-  }
-  return mx;
-}
-
-static inline __attribute__((always_inline)) int fp8_has_nan(__m256i mx) {
-  return _mm256_movemask_epi8(_mm256_cmpeq_epi8(mx, _mm256_set1_epi8((char)0xfe))) != 0;
-}
-
-/* One block of FP8 columns [k0, k0 + 128) of rows [n, n + RR), decoded inline
- * unless `bad` (a NaN code, found by the previous block) or its scale is above
- * 246: then returns 0 and the caller takes the exact decoders. Either way
- * *mxn becomes the NaN test of the 128 columns at nx (the next block). */
+/* One block of FP8 columns [k0, k0 + 128) of rows [n, n + RR), decoded inline.
+ * Returns 0 when the block needs the exact decoders instead. */
 static inline __attribute__((always_inline)) int fused_fp8(const int MR, const int RR, const struct tide_linear *l,
-                                                           int64_t n, const float *x, int64_t ldx, int64_t k0, int bad,
-                                                           const uint8_t *nx, __m256i *mxn, const fused_ctx *ctx,
-                                                           __m256 acc[FUSED_MAX_M][FUSED_MAX_RR]) {
+                                                           int64_t n, const float *x, int64_t ldx, int64_t k0,
+                                                           const fused_ctx *ctx, __m256 acc[FUSED_MAX_M][FUSED_MAX_RR]) {
   const int64_t rb = l->view.row_bytes, kb = k0 / 128;
   const uint8_t *w0 = l->view.w + n * rb + k0;
   const int sc = l->view.s[(n / 128) * l->view.s_ld + kb];
-  __m256i mx = _mm256_setzero_si256();
-  if (bad || sc > 246) {
+  if (sc > 246) return 0;
+  __m256i mx = _mm256_setzero_si256(); /* max of 2 * byte: 0xFE iff a NaN code (magnitude 0x7F) */
+  /* (a loop, not unrolled: fully unrolled, gcc turns the max chain into a
+   * tree and spills the 4 * RR loaded vectors) */
 #pragma GCC unroll 1
-    for (int j = 0; j < 128; j += 32) mx = fp8_nan_step(RR, mx, nx + j, rb);
-    *mxn = mx;
-    return 0;
-  }
-  const float *xk = x + k0;
-  if (MR == 1 && ctx->pre && ctx->pre[kb] && ctx->pat) {
+  for (int r = 0; r < RR; r++)
+#pragma GCC unroll 4
+    for (int j = 0; j < 128; j += 32) {
+      __m256i raw = _mm256_loadu_si256((const __m256i *)(w0 + r * rb + j));
+      mx = _mm256_max_epu8(mx, _mm256_add_epi8(raw, raw));
+    }
+  if (_mm256_movemask_epi8(_mm256_cmpeq_epi8(mx, _mm256_set1_epi8((char)0xfe)))) return 0;
+  if (MR == 1 && ctx->pre && ctx->pre[kb]) {
     /* x pre-multiplied by the block's factor, exactly */
     const float *xp = ctx->xs + k0;
-#pragma GCC unroll 1
-    for (int j = 0; j < 128; j += 32) {
-      mx = fp8_nan_step(RR, mx, nx + j, rb);
-#pragma GCC unroll 4
-      for (int q = 0; q < 32; q += 8) {
-        __m256 xv = _mm256_loadu_ps(xp + j + q);
+    if (ctx->pat) {
+      for (int j = 0; j < 128; j += 8) {
+        __m256 xv = _mm256_loadu_ps(xp + j);
 #pragma GCC unroll 8
-        for (int r = 0; r < RR; r++) acc[0][r] = _mm256_fmadd_ps(xv, f8_pat(w0 + r * rb + j + q), acc[0][r]);
+        for (int r = 0; r < RR; r++) acc[0][r] = _mm256_fmadd_ps(xv, f8_pat(w0 + r * rb + j), acc[0][r]);
+      }
+    } else {
+      for (int j = 0; j < 128; j += 16) {
+        __m256 x0 = _mm256_loadu_ps(xp + j), x1 = _mm256_loadu_ps(xp + j + 8);
+#pragma GCC unroll 8
+        for (int r = 0; r < RR; r++) {
+          __m256i h = f8_f16(w0 + r * rb + j);
+          acc[0][r] = _mm256_fmadd_ps(x0, _mm256_cvtph_ps(_mm256_castsi256_si128(h)), acc[0][r]);
+          acc[0][r] = _mm256_fmadd_ps(x1, _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), acc[0][r]);
+        }
       }
     }
-  } else if (ctx->pat && sc <= 134) {
+    return 1;
+  }
+  const float *xk = x + k0;
+  if (ctx->pat && sc <= 134) {
     const __m256 f = _mm256_castsi256_ps(_mm256_set1_epi32((sc + 120) << 23)); /* 2^(sc - 7) */
     const __m256 nz = _mm256_set1_ps(-0.0f);
-#pragma GCC unroll 1
-    for (int j = 0; j < 128; j += 32) {
-      mx = fp8_nan_step(RR, mx, nx + j, rb);
-#pragma GCC unroll 4
-      for (int q = 0; q < 32; q += 8) {
+    for (int j = 0; j < 128; j += 8) {
 #pragma GCC unroll 8
-        for (int r = 0; r < RR; r++) {
-          /* fma(p, f, -0) = p * f rounded once, signed zeros included;
-           * unlike vmulps it takes the subnormal patterns at full speed */
-          __m256 w = _mm256_fmadd_ps(f8_pat(w0 + r * rb + j + q), f, nz);
+      for (int r = 0; r < RR; r++) {
+        /* fma(p, f, -0) = p * f rounded once, signed zeros included; unlike
+         * vmulps it takes the subnormal patterns at full speed */
+        __m256 w = _mm256_fmadd_ps(f8_pat(w0 + r * rb + j), f, nz);
 #pragma GCC unroll 8
-          for (int i = 0; i < MR; i++)
-            acc[i][r] = _mm256_fmadd_ps(_mm256_loadu_ps(xk + i * ldx + j + q), w, acc[i][r]);
-        }
+        for (int i = 0; i < MR; i++) acc[i][r] = _mm256_fmadd_ps(_mm256_loadu_ps(xk + i * ldx + j), w, acc[i][r]);
       }
     }
-  } else {
-    /* the f16 pattern: x times 2^(sc - 119) when prescaled, else the weights */
-    const int pre = MR == 1 && ctx->pre && ctx->pre[kb];
-    const __m256 f = _mm256_castsi256_ps(_mm256_set1_epi32((sc + 8) << 23)); /* 2^(sc - 119) */
-    const float *xp = pre ? ctx->xs + k0 : xk;
-#pragma GCC unroll 1
-    for (int j = 0; j < 128; j += 32) {
-      mx = fp8_nan_step(RR, mx, nx + j, rb);
-#pragma GCC unroll 2
-      for (int q = 0; q < 32; q += 16) {
+    return 1;
+  }
+  const __m256 f = _mm256_castsi256_ps(_mm256_set1_epi32((sc + 8) << 23)); /* 2^(sc - 119) */
+  for (int j = 0; j < 128; j += 16) {
 #pragma GCC unroll 8
-        for (int r = 0; r < RR; r++) {
-          __m256i h = f8_f16(w0 + r * rb + j + q);
-          __m256 a = _mm256_cvtph_ps(_mm256_castsi256_si128(h)), b = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
-          if (!pre) {
-            a = _mm256_mul_ps(a, f);
-            b = _mm256_mul_ps(b, f);
-          }
+    for (int r = 0; r < RR; r++) {
+      __m256i h = f8_f16(w0 + r * rb + j);
+      __m256 a = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), f);
+      __m256 b = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), f);
 #pragma GCC unroll 8
-          for (int i = 0; i < MR; i++) {
-            acc[i][r] = _mm256_fmadd_ps(_mm256_loadu_ps(xp + i * ldx + j + q), a, acc[i][r]);
-            acc[i][r] = _mm256_fmadd_ps(_mm256_loadu_ps(xp + i * ldx + j + q + 8), b, acc[i][r]);
-          }
-        }
+      for (int i = 0; i < MR; i++) {
+        acc[i][r] = _mm256_fmadd_ps(_mm256_loadu_ps(xk + i * ldx + j), a, acc[i][r]);
+        acc[i][r] = _mm256_fmadd_ps(_mm256_loadu_ps(xk + i * ldx + j + 8), b, acc[i][r]);
       }
     }
   }
-  *mxn = mx;
   return 1;
 }
 
@@ -289,10 +262,6 @@ static inline __attribute__((always_inline)) void fused_rows(const int MR, const
   const uint8_t *w0 = l->view.w + n * rb;
   const int64_t B = FMT == TIDE_W_FP8 ? 128 : FMT == TIDE_W_MXFP4 ? 32 : 64;
   const int64_t kfull = K / B * B;
-  __m256i mxn = _mm256_setzero_si256(); /* FP8: the NaN test of block k0 */
-  if (FMT == TIDE_W_FP8 && kfull > 0)
-#pragma GCC unroll 1
-    for (int j = 0; j < 128; j += 32) mxn = fp8_nan_step(RR, mxn, w0 + j, rb);
   for (int64_t k0 = 0; k0 < kfull; k0 += B) {
     const float *xk = x + k0;
     if (FMT == TIDE_W_FP8 || FMT == TIDE_W_MXFP4) {
@@ -314,10 +283,7 @@ static inline __attribute__((always_inline)) void fused_rows(const int MR, const
         for (int64_t o = 0; o < bb; o += 64) _mm_prefetch((const char *)(pf + r * rb + o), _MM_HINT_T0);
     }
     if (FMT == TIDE_W_FP8) {
-      /* the next block's NaN test (the last block tests itself again) */
-      const uint8_t *nx = w0 + (k0 + 128 < kfull ? k0 + 128 : k0);
-      const int bad = fp8_has_nan(mxn);
-      if (!fused_fp8(MR, RR, l, n, x, ldx, k0, bad, nx, &mxn, ctx, acc)) fused_slow(MR, RR, l, n, x, ldx, k0, B, acc);
+      if (!fused_fp8(MR, RR, l, n, x, ldx, k0, ctx, acc)) fused_slow(MR, RR, l, n, x, ldx, k0, B, acc);
     } else if (FMT == TIDE_W_MXFP4) {
       const uint8_t *srow = l->view.s + n * l->view.s_ld + k0 / 32;
       int nan = 0;
