@@ -443,7 +443,8 @@ static void fused_gemv(const struct tide_linear *l, int64_t r0, int64_t nr, cons
     ctx.xs = xs;
     ctx.pre = pre;
   }
-  const int g = fused_rr[l->fmt][m];
+  const int g = fused_rr[l->fmt][m > 6 ? 4 : m];
+  const fused_fn *tab4 = fused_tab[l->fmt][3], *tabr = fused_tab[l->fmt][m > 6 ? m - 5 : 0];
   tide_fused_fn zf = NULL;
   int zg = 0;
 #ifdef TIDE_HAVE_AVX512
@@ -471,7 +472,15 @@ static void fused_gemv(const struct tide_linear *l, int64_t r0, int64_t nr, cons
       continue;
     }
     int big = r0 + nr - n >= g && (l->fmt != TIDE_W_FP8 || n / 128 == (n + g - 1) / 128);
-    tab[big](l, n, x, ldx, y + (n - r0), ldy, flags, &ctx);
+    if (m > 6) {
+      /* M = 7, 8: two passes over the group, 4 rows of x, then the rest,
+       * the second decoding from L1: 12 accumulators per pass hide the FMA
+       * latency better than 8 in one */
+      tab4[big](l, n, x, ldx, y + (n - r0), ldy, flags, &ctx);
+      tabr[big](l, n, x + 4 * ldx, ldx, y + (n - r0) + 4 * ldy, ldy, flags, &ctx);
+    } else {
+      tab[big](l, n, x, ldx, y + (n - r0), ldy, flags, &ctx);
+    }
     n += big ? g : 1;
   }
 }
