@@ -618,7 +618,8 @@ static void check_model(const weight *q, const tide_tensor *x, const char *what)
 static void fused_every_m(void) {
   if (!tide_kernels_avx2()) return;
   static const struct { int fmt; int64_t n, k; } cases[] = {
-      {TIDE_W_FP8, 141, 392}, {TIDE_W_FP8, 37, 1029}, {TIDE_W_MXFP4, 139, 576}, {TIDE_W_MXFP4, 21, 64},
+      {TIDE_W_FP8, 141, 392}, {TIDE_W_FP8, 37, 1029}, {TIDE_W_FP8, 24, 100}, {TIDE_W_MXFP4, 139, 576},
+      {TIDE_W_MXFP4, 21, 64}, {TIDE_W_MXFP4, 17, 32},
       {TIDE_W_BF16, 45, 200}, {TIDE_W_F32, 19, 72},   {TIDE_W_F16, 23, 136}};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     weight q;
@@ -691,8 +692,8 @@ static void avx512_same_bits(void) {
     return;
   }
   static const struct { int fmt; int64_t n, k; } cases[] = {
-      {TIDE_W_FP8, 136, 200},  {TIDE_W_FP8, 260, 1100},   {TIDE_W_FP8, 48, 384},
-      {TIDE_W_MXFP4, 72, 96}, {TIDE_W_MXFP4, 264, 1088}, {TIDE_W_MXFP4, 42, 544}};
+      {TIDE_W_FP8, 136, 200},  {TIDE_W_FP8, 260, 1100},   {TIDE_W_FP8, 48, 384},   {TIDE_W_FP8, 24, 100},
+      {TIDE_W_MXFP4, 72, 96}, {TIDE_W_MXFP4, 264, 1088}, {TIDE_W_MXFP4, 42, 544}, {TIDE_W_MXFP4, 16, 32}};
   static const uint8_t fp8_sc[] = {0, 1, 100, 110, 119, 127, 133, 134, 135, 140, 246, 247, 255};
   static const uint8_t fp4_sc[] = {0, 1, 2, 100, 118, 121, 125, 127, 200, 253, 254, 255};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
