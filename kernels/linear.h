@@ -45,10 +45,12 @@ void tide_linear_dot_rows(const struct tide_linear *l, int64_t r0, int64_t nr, c
                           int64_t ldy, int64_t m, int flags);
 
 #if defined(__x86_64__)
-/* The AVX2 kernel: dequantises panels of at most TIDE_LIN_NC rows x
- * TIDE_LIN_KC columns into a stack buffer with the dequant.h decoders and
- * runs register-tiled dot-form micro-kernels over them (M <= 8: every weight
- * decoded once per call; larger M: once per TIDE_LIN_MC rows). */
+/* The AVX2 kernel: for M <= 8 decodes groups of weight rows in registers
+ * and feeds them to the FMAs (every weight decoded once per call; FP8 and
+ * MXFP4 groups go to the AVX-512 kernels where ready); for larger M it
+ * dequantises panels of at most TIDE_LIN_NC rows x TIDE_LIN_KC columns into a
+ * stack buffer with the dequant.h decoders and runs register-tiled dot-form
+ * micro-kernels over them (each weight decoded once per TIDE_LIN_MC rows). */
 void tide_linear_avx2_rows(const struct tide_linear *l, int64_t r0, int64_t nr, const float *x, int64_t ldx, float *y,
                            int64_t ldy, int64_t m, int flags);
 
