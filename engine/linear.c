@@ -5,6 +5,7 @@
  * computed by exactly one kernel call whose result does not depend on the
  * split, so the thread count never changes a bit. */
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "convert.h"
 #include "linear.h"
@@ -15,6 +16,40 @@ int tide_dnnl_sgemm_nt(int64_t m, int64_t n, int64_t k, const float *x, int64_t 
   return TIDE_ERR(TIDE_E_UNSUPPORTED, "tide was built without oneDNN (TIDE_DNNL=OFF)");
 }
 #endif
+
+/* ---- AVX-512 variants of the fused kernels ----
+ * Chosen at run time: AVX-512 F/BW/VL/DQ, VBMI and GFNI in CPUID with the
+ * zmm state enabled by the OS (gcc's checks include XGETBV), not under
+ * TIDE_REF, and not switched off by TIDE_NO_AVX512=1. */
+static int avx512_cpu = -1, avx512_off;
+
+int tide_linear_avx512_ready(void) {
+#if defined(TIDE_HAVE_AVX512) && defined(__x86_64__)
+  int c = __atomic_load_n(&avx512_cpu, __ATOMIC_ACQUIRE);
+  if (c < 0) {
+    __builtin_cpu_init();
+    c = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("gfni");
+    const char *e = getenv("TIDE_NO_AVX512");
+    if (e && *e && strcmp(e, "0") != 0) c = 0;
+    __atomic_store_n(&avx512_cpu, c, __ATOMIC_RELEASE);
+  }
+  return c && !avx512_off && tide_use_avx2();
+#else
+  return 0;
+#endif
+}
+
+int tide_linear_avx512_force_off(int off) {
+  int old = avx512_off;
+  avx512_off = off ? 1 : 0;
+  return old;
+}
+
+const char *tide_linear_isa(void) {
+  if (!tide_use_avx2()) return "ref";
+  return tide_linear_avx512_ready() ? "avx512" : "avx2";
+}
 
 static int bad_shape(const char *fn, const char *what, const tide_tensor *t, const char *want) {
   char b[96];

@@ -45,13 +45,44 @@ void tide_linear_dot_rows(const struct tide_linear *l, int64_t r0, int64_t nr, c
                           int64_t ldy, int64_t m, int flags);
 
 #if defined(__x86_64__)
-/* The AVX2 kernel: dequantises panels of at most TIDE_LIN_NC rows x
- * TIDE_LIN_KC columns into a stack buffer with the dequant.h decoders and
- * runs register-tiled dot-form micro-kernels over them (M <= 8: every weight
- * decoded once per call; larger M: once per TIDE_LIN_MC rows). */
+/* The AVX2 kernel: for M <= 8 decodes groups of weight rows in registers
+ * and feeds them to the FMAs (every weight decoded once per call; FP8 and
+ * MXFP4 groups go to the AVX-512 kernels where ready); for larger M it
+ * dequantises panels of at most TIDE_LIN_NC rows x TIDE_LIN_KC columns into a
+ * stack buffer with the dequant.h decoders and runs register-tiled dot-form
+ * micro-kernels over them (each weight decoded once per TIDE_LIN_MC rows). */
 void tide_linear_avx2_rows(const struct tide_linear *l, int64_t r0, int64_t nr, const float *x, int64_t ldx, float *y,
                            int64_t ldy, int64_t m, int flags);
+
+/* The fused kernels for M <= 8 (decode in registers, no panel) work on
+ * groups of rows; this is what a call shares with each group. */
+typedef struct tide_fused_ctx {
+  const float *xs;    /* M = 1, FP8: x times the block factor of the group's 128-row block, per 128-column block */
+  const uint8_t *pre; /* pre[kb]: xs holds column block kb (else the weights take the factor) */
+  int pat;            /* FP8 decodes through the f32 pattern fp8 * 2^-120 (MXCSR.DAZ clear) */
+} tide_fused_ctx;
+
+/* One group kernel: rows [n, n + rows) of W for m rows of x (m and rows
+ * fixed by the kernel), results at y (row n's output), same contract as
+ * tide_linear_avx2_rows. */
+typedef void (*tide_fused_fn)(const struct tide_linear *l, int64_t n, const float *x, int64_t ldx, float *y,
+                              int64_t ldy, int flags, const tide_fused_ctx *ctx);
+
+/* AVX-512 group kernels (kernels/x86/linear_avx512.c, AVX-512 F/BW/VL/DQ +
+ * VBMI + GFNI): bitwise the same results as the AVX2 kernel. Returns the
+ * rows per group for format fmt at m rows of x and sets *fn, or returns 0
+ * when there is no such kernel (other formats, m > 8, FP8 under DAZ). Only
+ * call when tide_linear_avx512_ready(). */
+int tide_linear_avx512_group(int fmt, int64_t m, int pat, tide_fused_fn *fn);
 #endif
+
+/* The CPU and the OS support the AVX-512 kernels and they are not switched
+ * off (TIDE_NO_AVX512=1 in the environment, tide_linear_avx512_force_off). */
+int tide_linear_avx512_ready(void);
+/* Switch the AVX-512 kernels off (1) or back on (0); returns the previous
+ * setting. For tests and benchmarks; not thread-safe against forwards. */
+int tide_linear_avx512_force_off(int off);
+
 enum { TIDE_LIN_NC = 24, TIDE_LIN_KC = 512, TIDE_LIN_MC = 64 };
 
 /* oneDNN f32 GEMM y = x . w^T with w f32 [n, k] at row stride ldw.

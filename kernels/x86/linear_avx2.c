@@ -12,13 +12,13 @@
  * the operations applied to one of them, so every (m, n) gets the same bits
  * whatever M, the tile it falls in, the row range or the thread.
  *
- * M <= 4 skips the panel: a fused decoder (below) feeds the decoded weights
- * straight from registers to the FMAs. Otherwise M <= TIDE_LIN_MC rows of x
- * share each decoded panel, so for M <= 8 every weight byte is read and
- * decoded once; the panel (8 rows for M <= 8, else 24, by 512 columns) and
- * the x block stay in L1/L2 while the weight streams from DRAM. For prefill
- * the same loops are compute bound: the micro-kernels do 12 FMAs per 7
- * loads. */
+ * M <= 8 skips the panel: fused decoders (below) feed the decoded weights
+ * straight from registers to the FMAs, each weight byte read and decoded
+ * once per call. Larger M share each decoded panel over TIDE_LIN_MC rows of
+ * x: the panel (24 rows by 512 columns) and the x block stay in L1/L2 while
+ * the weight streams, and the loops are compute bound: the micro-kernels do
+ * 12 FMAs per 7 loads. On CPUs with AVX-512 VBMI + GFNI the M <= 8 FP8 and
+ * MXFP4 groups go to linear_avx512.c, which keeps the same order. */
 #include <immintrin.h>
 #include <math.h>
 
@@ -98,18 +98,51 @@ static const micro_fn tiles[5][9] = {
     {0, micro_4x1, micro_4x2, micro_4x3},
 };
 
-/* ---- fused decode for M <= 4 ----
- * The same dot form without the panel round trip: the weight rows (4 at a
- * time for M <= 2, 2 for M = 3, 4) are decoded into registers by the same
- * instruction sequences as the dequant.h AVX2 decoders and fed straight to
- * the FMAs. Blocks the inline
- * decoders do not cover exactly (an fp8 scale above 246 or an fp8 NaN code,
- * an MXFP4 NaN scale, the ragged last block, the K % 8 tail) are decoded
- * into a small buffer by the exact decoders instead; either way every
- * weight value and every FMA is the one the panel path uses. */
+/* ---- fused decode for M <= 8 ----
+ * The same dot form without the panel round trip: a group of RR weight rows
+ * (RR chosen per format and M, table fused_rr) is decoded into registers and
+ * fed straight to the FMAs, each decoded vector serving the M rows of x. Blocks
+ * the inline decoders do not cover exactly (an fp8 scale above 246 or an fp8
+ * NaN code, an MXFP4 NaN scale, the ragged last block, the K % 8 tail) are
+ * decoded into a small buffer by the exact decoders instead; either way every
+ * weight value and every FMA is the one the panel path uses.
+ *
+ * FP8 has two exact inline decoders:
+ *  - the f32 pattern (default): the sign-extended byte shifted left by 20
+ *    and masked with 0x87F00000 is the f32 s 0000 eeee mmm 0...0, whose value
+ *    is exactly fp8 * 2^-120 for every code (fp8 subnormals become f32
+ *    subnormals with the same digits). Times 2^(scale - 7), a normal f32 for
+ *    scales up to 134, it is the weight, rounded once like the reference.
+ *    Three instructions per 8 weights, plus the multiply.
+ *  - the f16 pattern: s<<15 | mag<<7 is exactly fp8 / 256 as an f16, F16C
+ *    widens it, times 2^(scale - 119). No f32 subnormal is ever an operand,
+ *    so this one runs when DAZ is set (which would zero the subnormal
+ *    patterns above) and for scales 135..246.
+ * At M = 1 the multiply moves onto x when that is exact (see prescale_range):
+ * x * 2^(scale - bias) once per 128-row block, and the FMA sees the same
+ * exact product. */
 
-enum { PREFETCH_BYTES = 1024 };
+enum { FUSED_MAX_M = 8, FUSED_MAX_RR = 8, PREFETCH_BYTES = 1024 };
 
+/* Rows decoded together, by format and M: enough independent accumulators
+ * (M x RR) to hide the FMA latency within the 16 ymm registers. */
+static const int fused_rr[5][FUSED_MAX_M + 1] = {
+    {0, 4, 4, 3, 3, 2, 2, 1, 1}, /* f32 */
+    {0, 4, 4, 3, 3, 2, 2, 1, 1}, /* bf16 */
+    {0, 4, 4, 3, 3, 2, 2, 1, 1}, /* f16 */
+    {0, 8, 4, 3, 3, 2, 2, 1, 1}, /* fp8 */
+    {0, 4, 4, 2, 2, 2, 2, 1, 1}, /* mxfp4 */
+};
+
+typedef tide_fused_ctx fused_ctx;
+
+/* 8 fp8 bytes -> fp8 * 2^-120 as f32 (see above) */
+static inline __attribute__((always_inline)) __m256 f8_pat(const uint8_t *p) {
+  __m256i d = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
+  return _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(d, 20), _mm256_set1_epi32((int)0x87f00000u)));
+}
+
+/* 16 fp8 bytes -> 16 f16 patterns of fp8 / 256 */
 static inline __attribute__((always_inline)) __m256i f8_f16(const uint8_t *p) {
   __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
   return _mm256_and_si256(_mm256_slli_epi16(w, 7), _mm256_set1_epi16((short)0xbf80));
@@ -118,37 +151,112 @@ static inline __attribute__((always_inline)) __m256i f8_f16(const uint8_t *p) {
 /* rows [n, n + RR) x columns [k0, k0 + len) through the exact decoders */
 static inline __attribute__((always_inline)) void fused_slow(const int MR, const int RR, const struct tide_linear *l,
                                                              int64_t n, const float *x, int64_t ldx, int64_t k0,
-                                                             int64_t len, __m256 acc[4][4]) {
-  _Alignas(32) float buf[4][136];
+                                                             int64_t len, __m256 acc[FUSED_MAX_M][FUSED_MAX_RR]) {
+  _Alignas(32) float buf[FUSED_MAX_RR][136];
   tide_dequant_block(&buf[0][0], 136, &l->view, n, RR, k0, len, (len + 7) & ~(int64_t)7, &tide_dequant_avx2);
   for (int64_t k = 0; k < len; k += 8) {
-    __m256 xv[4];
+    __m256 xv[FUSED_MAX_M];
     if (k + 8 <= len) {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int i = 0; i < MR; i++) xv[i] = _mm256_loadu_ps(x + i * ldx + k0 + k);
     } else {
       const __m256i mask =
           _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(len - k)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int i = 0; i < MR; i++) xv[i] = _mm256_maskload_ps(x + i * ldx + k0 + k, mask);
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < RR; r++) {
       __m256 w = _mm256_load_ps(&buf[r][k]);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int i = 0; i < MR; i++) acc[i][r] = _mm256_fmadd_ps(xv[i], w, acc[i][r]);
     }
   }
 }
 
+/* One block of FP8 columns [k0, k0 + 128) of rows [n, n + RR), decoded inline.
+ * Returns 0 when the block needs the exact decoders instead. */
+static inline __attribute__((always_inline)) int fused_fp8(const int MR, const int RR, const struct tide_linear *l,
+                                                           int64_t n, const float *x, int64_t ldx, int64_t k0,
+                                                           const fused_ctx *ctx, __m256 acc[FUSED_MAX_M][FUSED_MAX_RR]) {
+  const int64_t rb = l->view.row_bytes, kb = k0 / 128;
+  const uint8_t *w0 = l->view.w + n * rb + k0;
+  const int sc = l->view.s[(n / 128) * l->view.s_ld + kb];
+  if (sc > 246) return 0;
+  __m256i mx = _mm256_setzero_si256(); /* max of 2 * byte: 0xFE iff a NaN code (magnitude 0x7F) */
+  /* (a loop, not unrolled: fully unrolled, gcc turns the max chain into a
+   * tree and spills the 4 * RR loaded vectors) */
+#pragma GCC unroll 1
+  for (int r = 0; r < RR; r++)
+#pragma GCC unroll 4
+    for (int j = 0; j < 128; j += 32) {
+      __m256i raw = _mm256_loadu_si256((const __m256i *)(w0 + r * rb + j));
+      mx = _mm256_max_epu8(mx, _mm256_add_epi8(raw, raw));
+    }
+  if (_mm256_movemask_epi8(_mm256_cmpeq_epi8(mx, _mm256_set1_epi8((char)0xfe)))) return 0;
+  if (MR == 1 && ctx->pre && ctx->pre[kb]) {
+    /* x pre-multiplied by the block's factor, exactly */
+    const float *xp = ctx->xs + k0;
+    if (ctx->pat) {
+      for (int j = 0; j < 128; j += 8) {
+        __m256 xv = _mm256_loadu_ps(xp + j);
+#pragma GCC unroll 8
+        for (int r = 0; r < RR; r++) acc[0][r] = _mm256_fmadd_ps(xv, f8_pat(w0 + r * rb + j), acc[0][r]);
+      }
+    } else {
+      for (int j = 0; j < 128; j += 16) {
+        __m256 x0 = _mm256_loadu_ps(xp + j), x1 = _mm256_loadu_ps(xp + j + 8);
+#pragma GCC unroll 8
+        for (int r = 0; r < RR; r++) {
+          __m256i h = f8_f16(w0 + r * rb + j);
+          acc[0][r] = _mm256_fmadd_ps(x0, _mm256_cvtph_ps(_mm256_castsi256_si128(h)), acc[0][r]);
+          acc[0][r] = _mm256_fmadd_ps(x1, _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), acc[0][r]);
+        }
+      }
+    }
+    return 1;
+  }
+  const float *xk = x + k0;
+  if (ctx->pat && sc <= 134) {
+    const __m256 f = _mm256_castsi256_ps(_mm256_set1_epi32((sc + 120) << 23)); /* 2^(sc - 7) */
+    const __m256 nz = _mm256_set1_ps(-0.0f);
+    for (int j = 0; j < 128; j += 8) {
+#pragma GCC unroll 8
+      for (int r = 0; r < RR; r++) {
+        /* fma(p, f, -0) = p * f rounded once, signed zeros included; unlike
+         * vmulps it takes the subnormal patterns at full speed */
+        __m256 w = _mm256_fmadd_ps(f8_pat(w0 + r * rb + j), f, nz);
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; i++) acc[i][r] = _mm256_fmadd_ps(_mm256_loadu_ps(xk + i * ldx + j), w, acc[i][r]);
+      }
+    }
+    return 1;
+  }
+  const __m256 f = _mm256_castsi256_ps(_mm256_set1_epi32((sc + 8) << 23)); /* 2^(sc - 119) */
+  for (int j = 0; j < 128; j += 16) {
+#pragma GCC unroll 8
+    for (int r = 0; r < RR; r++) {
+      __m256i h = f8_f16(w0 + r * rb + j);
+      __m256 a = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), f);
+      __m256 b = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), f);
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; i++) {
+        acc[i][r] = _mm256_fmadd_ps(_mm256_loadu_ps(xk + i * ldx + j), a, acc[i][r]);
+        acc[i][r] = _mm256_fmadd_ps(_mm256_loadu_ps(xk + i * ldx + j + 8), b, acc[i][r]);
+      }
+    }
+  }
+  return 1;
+}
+
 static inline __attribute__((always_inline)) void fused_rows(const int MR, const int RR, const int FMT,
                                                              const struct tide_linear *l, int64_t n, const float *x,
                                                              int64_t ldx, float *y, int64_t ldy, int flags,
-                                                             const float *xs, const uint8_t *pre) {
-  __m256 acc[4][4];
-#pragma GCC unroll 4
+                                                             const fused_ctx *ctx) {
+  __m256 acc[FUSED_MAX_M][FUSED_MAX_RR];
+#pragma GCC unroll 8
   for (int i = 0; i < MR; i++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < RR; r++) acc[i][r] = _mm256_setzero_ps();
   const int64_t K = l->k, rb = l->view.row_bytes;
   const uint8_t *w0 = l->view.w + n * rb;
@@ -156,69 +264,30 @@ static inline __attribute__((always_inline)) void fused_rows(const int MR, const
   const int64_t kfull = K / B * B;
   for (int64_t k0 = 0; k0 < kfull; k0 += B) {
     const float *xk = x + k0;
-    if (FMT == TIDE_W_F32 || FMT == TIDE_W_BF16 || FMT == TIDE_W_F16) {
-      /* these stream at memory speed: prefetching the four rows 1 KiB ahead
-       * measured +20-35% at M = 1 (FP8 and MXFP4, bound by their decode,
-       * lose a little from the extra instructions and go without) */
+    if (FMT == TIDE_W_FP8 || FMT == TIDE_W_MXFP4) {
+      /* the same columns of the next group of rows, RR rows further on:
+       * they arrive while this group is decoded */
+      const int64_t bb = FMT == TIDE_W_FP8 ? 128 : 16; /* bytes of a row per block */
+      if (FMT == TIDE_W_FP8 || (k0 & 127) == 0) {
+        const uint8_t *pf = w0 + RR * rb + (k0 * bb) / B;
+#pragma GCC unroll 8
+        for (int r = 0; r < RR; r++)
+          for (int64_t o = 0; o < (bb > 64 ? bb : 64); o += 64) _mm_prefetch((const char *)(pf + r * rb + o), _MM_HINT_T0);
+      }
+    } else {
+      /* these stream at memory speed: the rows 1 KiB ahead */
       const int64_t bb = FMT == TIDE_W_F32 ? 256 : 128; /* bytes of a row per block */
       const uint8_t *pf = w0 + (k0 / B) * bb + PREFETCH_BYTES;
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int r = 0; r < RR; r++)
         for (int64_t o = 0; o < bb; o += 64) _mm_prefetch((const char *)(pf + r * rb + o), _MM_HINT_T0);
     }
     if (FMT == TIDE_W_FP8) {
-      uint8_t sc = l->view.s[(n / 128) * l->view.s_ld + k0 / 128];
-      __m256i mx = _mm256_setzero_si256();
-#pragma GCC unroll 4
-      for (int r = 0; r < RR; r++)
-#pragma GCC unroll 4
-        for (int j = 0; j < 128; j += 32) {
-          __m256i raw = _mm256_loadu_si256((const __m256i *)(w0 + r * rb + k0 + j));
-          mx = _mm256_max_epu8(mx, _mm256_add_epi8(raw, raw));
-        }
-      if (sc > 246 || _mm256_movemask_epi8(_mm256_cmpeq_epi8(mx, _mm256_set1_epi8((char)0xfe)))) {
-        fused_slow(MR, RR, l, n, x, ldx, k0, B, acc);
-        continue;
-      }
-      if (MR == 1 && pre && pre[k0 / 128]) {
-        /* x pre-multiplied by 2^(sc - 119) exactly (see fused_gemv): the
-         * FMA sees the same exact product as with the scaled weight */
-        const float *xp = xs + k0;
-        for (int j = 0; j < 128; j += 16) {
-          __m256 x0 = _mm256_loadu_ps(xp + j), x1 = _mm256_loadu_ps(xp + j + 8);
-#pragma GCC unroll 4
-          for (int r = 0; r < RR; r++) {
-            __m256i h = f8_f16(w0 + r * rb + k0 + j);
-            acc[0][r] = _mm256_fmadd_ps(x0, _mm256_cvtph_ps(_mm256_castsi256_si128(h)), acc[0][r]);
-            acc[0][r] = _mm256_fmadd_ps(x1, _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), acc[0][r]);
-          }
-        }
-        continue;
-      }
-      const __m256 f = _mm256_castsi256_ps(_mm256_set1_epi32((int)(sc + 8) << 23));
-      for (int j = 0; j < 128; j += 16) {
-        __m256 x0[4], x1[4];
-#pragma GCC unroll 4
-        for (int i = 0; i < MR; i++) {
-          x0[i] = _mm256_loadu_ps(xk + i * ldx + j);
-          x1[i] = _mm256_loadu_ps(xk + i * ldx + j + 8);
-        }
-#pragma GCC unroll 4
-        for (int r = 0; r < RR; r++) {
-          __m256i h = f8_f16(w0 + r * rb + k0 + j);
-          __m256 a = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), f);
-          __m256 b = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), f);
-#pragma GCC unroll 4
-          for (int i = 0; i < MR; i++) {
-            acc[i][r] = _mm256_fmadd_ps(x0[i], a, acc[i][r]);
-            acc[i][r] = _mm256_fmadd_ps(x1[i], b, acc[i][r]);
-          }
-        }
-      }
+      if (!fused_fp8(MR, RR, l, n, x, ldx, k0, ctx, acc)) fused_slow(MR, RR, l, n, x, ldx, k0, B, acc);
     } else if (FMT == TIDE_W_MXFP4) {
       const uint8_t *srow = l->view.s + n * l->view.s_ld + k0 / 32;
       int nan = 0;
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int r = 0; r < RR; r++) nan |= srow[r * l->view.s_ld] == 0xff;
       if (nan) {
         fused_slow(MR, RR, l, n, x, ldx, k0, B, acc);
@@ -228,8 +297,8 @@ static inline __attribute__((always_inline)) void fused_rows(const int MR, const
       const __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
       const __m256 c28 = _mm256_castsi256_ps(
           _mm256_setr_epi32(0, 1 << 28, 2 << 28, 3 << 28, 4 << 28, 5 << 28, 6 << 28, 7 << 28));
-      __m256 t[4];
-#pragma GCC unroll 4
+      __m256 t[FUSED_MAX_RR];
+#pragma GCC unroll 8
       for (int r = 0; r < RR; r++) {
         uint8_t sc = srow[r * l->view.s_ld];
         __m256 scale = _mm256_castsi256_ps(_mm256_set1_epi32(sc ? (int)sc << 23 : 0x00400000));
@@ -237,26 +306,21 @@ static inline __attribute__((always_inline)) void fused_rows(const int MR, const
       }
 #pragma GCC unroll 4
       for (int q = 0; q < 4; q++) {
-        __m256 xv[4];
-#pragma GCC unroll 4
-        for (int i = 0; i < MR; i++) xv[i] = _mm256_loadu_ps(xk + i * ldx + 8 * q);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int r = 0; r < RR; r++) {
           uint32_t u;
           memcpy(&u, w0 + r * rb + k0 / 2 + 4 * q, 4);
           __m256i idx = _mm256_srlv_epi32(_mm256_set1_epi32((int)u), sh);
           __m256 v = _mm256_xor_ps(_mm256_permutevar8x32_ps(t[r], idx),
                                    _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
-#pragma GCC unroll 4
-          for (int i = 0; i < MR; i++) acc[i][r] = _mm256_fmadd_ps(xv[i], v, acc[i][r]);
+#pragma GCC unroll 8
+          for (int i = 0; i < MR; i++)
+            acc[i][r] = _mm256_fmadd_ps(_mm256_loadu_ps(xk + i * ldx + 8 * q), v, acc[i][r]);
         }
       }
     } else {
       for (int j = 0; j < 64; j += 8) {
-        __m256 xv[4];
-#pragma GCC unroll 4
-        for (int i = 0; i < MR; i++) xv[i] = _mm256_loadu_ps(xk + i * ldx + j);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int r = 0; r < RR; r++) {
           const uint8_t *p = w0 + r * rb;
           __m256 v;
@@ -268,45 +332,58 @@ static inline __attribute__((always_inline)) void fused_rows(const int MR, const
           } else {
             v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + k0 + j)));
           }
-#pragma GCC unroll 4
-          for (int i = 0; i < MR; i++) acc[i][r] = _mm256_fmadd_ps(xv[i], v, acc[i][r]);
+#pragma GCC unroll 8
+          for (int i = 0; i < MR; i++)
+            acc[i][r] = _mm256_fmadd_ps(_mm256_loadu_ps(xk + i * ldx + j), v, acc[i][r]);
         }
       }
     }
   }
   if (kfull < K) fused_slow(MR, RR, l, n, x, ldx, kfull, K - kfull, acc);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int i = 0; i < MR; i++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < RR; r++) tide_linear_store(&y[i * ldy + r], hsum8(acc[i][r]), flags);
 }
 
 typedef void (*fused_fn)(const struct tide_linear *l, int64_t n, const float *x, int64_t ldx, float *y, int64_t ldy,
-                         int flags, const float *xs, const uint8_t *pre);
-#define FK(mr, rr, fmt)                                                                                          \
-  static void fused_##mr##_##rr##_##fmt(const struct tide_linear *l, int64_t n, const float *x, int64_t ldx,   \
-                                        float *y, int64_t ldy, int flags, const float *xs, const uint8_t *pre) { \
-    fused_rows(mr, rr, fmt, l, n, x, ldx, y, ldy, flags, xs, pre);                                               \
+                         int flags, const fused_ctx *ctx);
+#define FK(mr, rr, fmt)                                                                                        \
+  static void fused_##mr##_##rr##_##fmt(const struct tide_linear *l, int64_t n, const float *x, int64_t ldx, \
+                                        float *y, int64_t ldy, int flags, const fused_ctx *ctx) {           \
+    fused_rows(mr, rr, fmt, l, n, x, ldx, y, ldy, flags, ctx);                                               \
   }
-#define FK_FMT(fmt) \
-  FK(1, 1, fmt) FK(1, 4, fmt) FK(2, 1, fmt) FK(2, 4, fmt) FK(3, 1, fmt) FK(3, 2, fmt) FK(4, 1, fmt) FK(4, 2, fmt)
-FK_FMT(0) FK_FMT(1) FK_FMT(2) FK_FMT(3) FK_FMT(4)
-#undef FK_FMT
+/* every (M, rows) pair of fused_rr, and one row for the ragged ends */
+#define FK_PLAIN(fmt)                                                                                           \
+  FK(1, 1, fmt) FK(1, 4, fmt) FK(2, 1, fmt) FK(2, 4, fmt) FK(3, 1, fmt) FK(3, 3, fmt) FK(4, 1, fmt) FK(4, 3, fmt) \
+  FK(5, 1, fmt) FK(5, 2, fmt) FK(6, 1, fmt) FK(6, 2, fmt) FK(7, 1, fmt) FK(8, 1, fmt)
+FK_PLAIN(0) FK_PLAIN(1) FK_PLAIN(2)
+FK(1, 1, 3) FK(1, 8, 3) FK(2, 1, 3) FK(2, 4, 3) FK(3, 1, 3) FK(3, 3, 3) FK(4, 1, 3) FK(4, 3, 3)
+FK(5, 1, 3) FK(5, 2, 3) FK(6, 1, 3) FK(6, 2, 3) FK(7, 1, 3) FK(8, 1, 3)
+FK(1, 1, 4) FK(1, 4, 4) FK(2, 1, 4) FK(2, 4, 4) FK(3, 1, 4) FK(3, 2, 4) FK(4, 1, 4) FK(4, 2, 4)
+FK(5, 1, 4) FK(5, 2, 4) FK(6, 1, 4) FK(6, 2, 4) FK(7, 1, 4) FK(8, 1, 4)
+#undef FK_PLAIN
 #undef FK
-#define FK_ROW(fmt)                                                                                       \
-  {{fused_1_1_##fmt, fused_1_4_##fmt}, {fused_2_1_##fmt, fused_2_4_##fmt}, {fused_3_1_##fmt, fused_3_2_##fmt}, \
-   {fused_4_1_##fmt, fused_4_2_##fmt}}
-static const fused_fn fused_tab[5][4][2] = {FK_ROW(0), FK_ROW(1), FK_ROW(2), FK_ROW(3), FK_ROW(4)};
+#define FK_ROW(fmt, a, b, c, d, e, f, g, h)                                                                     \
+  {{fused_1_1_##fmt, fused_1_##a##_##fmt}, {fused_2_1_##fmt, fused_2_##b##_##fmt},                             \
+   {fused_3_1_##fmt, fused_3_##c##_##fmt}, {fused_4_1_##fmt, fused_4_##d##_##fmt},                             \
+   {fused_5_1_##fmt, fused_5_##e##_##fmt}, {fused_6_1_##fmt, fused_6_##f##_##fmt},                             \
+   {fused_7_1_##fmt, fused_7_##g##_##fmt}, {fused_8_1_##fmt, fused_8_##h##_##fmt}}
+/* [format][M - 1][group of fused_rr rows or one row]; must match fused_rr */
+static const fused_fn fused_tab[5][FUSED_MAX_M][2] = {
+    FK_ROW(0, 4, 4, 3, 3, 2, 2, 1, 1), FK_ROW(1, 4, 4, 3, 3, 2, 2, 1, 1), FK_ROW(2, 4, 4, 3, 3, 2, 2, 1, 1),
+    FK_ROW(3, 8, 4, 3, 3, 2, 2, 1, 1), FK_ROW(4, 4, 4, 2, 2, 2, 2, 1, 1)};
 #undef FK_ROW
 
-/* FP8 at M = 1: the block scale can move from the weight to x when that is
- * exact. x * 2^(sc-119) is exact for every x of the row when no product
- * overflows (sc <= 245 - emax, emax = exponent of max|x|) and, for factors
- * below 1, none falls below 2^-126 (sc >= -7 - emin, emin = exponent of the
- * smallest nonzero |x|); then fma(x * c, h, acc) and fma(x, h * c, acc)
- * see the same exact product and give the same bits, and the decoder saves
- * its multiply. Returns the allowed scale range [*lo, *hi]. */
-static void prescale_range(const float *x, int64_t K, int *lo, int *hi) {
+/* FP8 at M = 1: the block factor 2^(sc - bias) can move from the weight to
+ * x when that is exact: x * 2^(sc - bias) must be a normal float (or zero,
+ * inf, NaN) for every x of the row, with the factor itself normal; then the
+ * digits of x are kept, fma(x * c, w, acc) and fma(x, w * c, acc) see the
+ * same exact product and give the same bits (the weight w * c is exact for
+ * every fp8 code and scale <= 246), and the decoder saves its multiply.
+ * bias is 7 for the f32 pattern, 119 for the f16 pattern. Returns the
+ * allowed scale range [*lo, *hi] (empty when *lo > *hi). */
+static void prescale_range(const float *x, int64_t K, int bias, int *lo, int *hi) {
   float amax = 0.0f, amin = INFINITY;
   const __m256 inf = _mm256_set1_ps(INFINITY), absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   __m256 vmax = _mm256_setzero_ps(), vmin = inf;
@@ -331,32 +408,48 @@ static void prescale_range(const float *x, int64_t K, int *lo, int *hi) {
     if (a > amax) amax = a;
     if (a != 0.0f && a < amin) amin = a;
   }
-  int e;
-  int emax = -200, emin = 200;
+  int e, emax = -200, emin = 200;
   if (amax > 0.0f) {
     frexpf(amax, &e);
-    emax = e - 1;
+    emax = e - 1; /* |x| < 2^(emax + 1) */
   }
   if (amin < INFINITY) {
     frexpf(amin, &e);
-    emin = e - 1;
+    emin = e - 1; /* |x| >= 2^emin */
   }
-  int h = 245 - emax, lw = -7 - emin;
-  *hi = h < 246 ? h : 246;
-  *lo = lw < 0 ? 0 : lw > 119 ? 119 : lw;
+  int h = 127 + bias - emax, lw = bias - 126 - emin;
+  if (h > 127 + bias) h = 127 + bias; /* the factor is a normal float */
+  if (h > 246) h = 246;               /* the weights are finite */
+  if (lw < bias - 126) lw = bias - 126;
+  if (lw < 0) lw = 0;
+  *hi = h;
+  *lo = lw;
 }
 
-enum { PRESCALE_MAX_K = 16384, FUSED_MAX_M = 4 };
+enum { PRESCALE_MAX_K = 16384 };
 
 static void fused_gemv(const struct tide_linear *l, int64_t r0, int64_t nr, const float *x, int64_t ldx, float *y,
                        int64_t ldy, int64_t m, int flags) {
   const fused_fn *tab = fused_tab[l->fmt][m - 1];
   const int64_t K = l->k;
-  int pre_on = l->fmt == TIDE_W_FP8 && m == 1 && K <= PRESCALE_MAX_K;
+  fused_ctx ctx = {NULL, NULL, !(_mm_getcsr() & 0x0040)}; /* MXCSR.DAZ would zero the f32 subnormal patterns */
+  const int bias = ctx.pat ? 7 : 119;
+  const int pre_on = l->fmt == TIDE_W_FP8 && m == 1 && K <= PRESCALE_MAX_K;
   _Alignas(32) float xs[pre_on ? PRESCALE_MAX_K : 1];
   uint8_t pre[pre_on ? PRESCALE_MAX_K / 128 : 1];
   int lo = 0, hi = -1;
-  if (pre_on) prescale_range(x, K, &lo, &hi);
+  if (pre_on) {
+    prescale_range(x, K, bias, &lo, &hi);
+    ctx.xs = xs;
+    ctx.pre = pre;
+  }
+  const int g = fused_rr[l->fmt][m > 6 ? 4 : m];
+  const fused_fn *tab4 = fused_tab[l->fmt][3], *tabr = fused_tab[l->fmt][m > 6 ? m - 5 : 0];
+  tide_fused_fn zf = NULL;
+  int zg = 0;
+#ifdef TIDE_HAVE_AVX512
+  if (tide_linear_avx512_ready()) zg = tide_linear_avx512_group(l->fmt, m, ctx.pat, &zf);
+#endif
   int64_t blk = -1;
   for (int64_t n = r0; n < r0 + nr;) {
     if (pre_on && n / 128 != blk) { /* a new 128-row block: its scales decide */
@@ -366,16 +459,28 @@ static void fused_gemv(const struct tide_linear *l, int64_t r0, int64_t nr, cons
         int sc = srow[kb];
         pre[kb] = kb * 128 + 128 <= K && sc >= lo && sc <= hi;
         if (!pre[kb]) continue;
-        const __m256 c = _mm256_castsi256_ps(_mm256_set1_epi32((sc + 8) << 23));
+        const __m256 c = _mm256_castsi256_ps(_mm256_set1_epi32((sc - bias + 127) << 23));
         for (int j = 0; j < 128; j += 8)
           _mm256_store_ps(xs + kb * 128 + j, _mm256_mul_ps(_mm256_loadu_ps(x + kb * 128 + j), c));
       }
     }
-    /* groups of g rows (4 for M <= 2, 2 beyond); an FP8 group must share
-     * one 128-row scale block */
-    int g = m <= 2 ? 4 : 2;
+    /* a group of g (or zg) rows; an FP8 group must share one 128-row scale
+     * block */
+    if (zg && r0 + nr - n >= zg && (l->fmt != TIDE_W_FP8 || n / 128 == (n + zg - 1) / 128)) {
+      zf(l, n, x, ldx, y + (n - r0), ldy, flags, &ctx);
+      n += zg;
+      continue;
+    }
     int big = r0 + nr - n >= g && (l->fmt != TIDE_W_FP8 || n / 128 == (n + g - 1) / 128);
-    tab[big](l, n, x, ldx, y + (n - r0), ldy, flags, pre_on ? xs : NULL, pre_on ? pre : NULL);
+    if (m > 6) {
+      /* M = 7, 8: two passes over the group, 4 rows of x, then the rest,
+       * the second decoding from L1: 12 accumulators per pass hide the FMA
+       * latency better than 8 in one */
+      tab4[big](l, n, x, ldx, y + (n - r0), ldy, flags, &ctx);
+      tabr[big](l, n, x + 4 * ldx, ldx, y + (n - r0) + 4 * ldy, ldy, flags, &ctx);
+    } else {
+      tab[big](l, n, x, ldx, y + (n - r0), ldy, flags, &ctx);
+    }
     n += big ? g : 1;
   }
 }
@@ -389,9 +494,7 @@ void tide_linear_avx2_rows(const struct tide_linear *l, int64_t r0, int64_t nr, 
   _Alignas(64) float P[NC * KCP];
   _Alignas(64) float A[MC * NC * 8];
   const int64_t K = l->k;
-  /* decode (M <= 8): 8-row panels, small enough to stay in L1 between the
-   * decoder's stores and the micro-kernel's loads */
-  const int64_t nc = m <= 8 ? 8 : NC;
+  const int64_t nc = NC;
   for (int64_t n0 = 0; n0 < nr; n0 += nc) {
     const int64_t nn = nr - n0 < nc ? nr - n0 : nc;
     for (int64_t m0 = 0; m0 < m; m0 += MC) {

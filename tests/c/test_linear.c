@@ -3,8 +3,13 @@
  * the dot form (bitwise) on awkward shapes; batch invariance (a row alone =
  * the same row inside M = 3, 8, 65, 256), thread invariance, grouped vs
  * per-group handles, forward_many vs separate calls, output flags, NaN
- * weights, no allocation per call, the oneDNN opt-in, misuse errors. */
+ * weights, no allocation per call, the oneDNN opt-in, misuse errors; the
+ * fused M <= 8 kernels at every M with ragged row groups, both FP8
+ * decoders (MXCSR.DAZ picks the f16 one), the bounds of moving the FP8
+ * block factor onto x, and the AVX-512 variants against AVX2 (skipped,
+ * with a note, on CPUs without them). */
 #include <stdint.h>
+#include <xmmintrin.h>
 
 #include "linear.h"
 #include "tide.h"
@@ -214,7 +219,8 @@ static void grouped(void) {
   /* wo_a of the tiny config: G = 2 groups of o_lora = 64 rows, FP8 */
   struct { int fmt; int64_t G, n, k, M; } cases[] = {
       {TIDE_W_FP8, 2, 64, 256, 5}, {TIDE_W_FP8, 3, 48, 136, 9}, {TIDE_W_MXFP4, 4, 20, 64, 3},
-      {TIDE_W_BF16, 4, 33, 70, 70}, {TIDE_W_FP8, 2, 64, 256, 1}};
+      {TIDE_W_BF16, 4, 33, 70, 70}, {TIDE_W_FP8, 2, 64, 256, 1}, {TIDE_W_FP8, 3, 48, 256, 1},
+      {TIDE_W_FP8, 3, 44, 136, 2}, {TIDE_W_MXFP4, 3, 26, 64, 1}, {TIDE_W_MXFP4, 3, 26, 96, 7}};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     int64_t G = cases[c].G, n = cases[c].n, k = cases[c].k, M = cases[c].M;
     weight q;
@@ -360,6 +366,12 @@ static void extreme_values(void) {
   TT_CHECK(v == 2 * 0x1p-149f, "subnormal x: %a, expected 2 * 2^-149", v);
   v = one_product(0x08, 240, 0x1p9f); /* fp8 0x08 = 2^-6 */
   TT_CHECK(v == 0x1p116f, "large x: %a, expected 2^116", v);
+  /* the f32-pattern decoder's factor 2^(s - 7): x * 2^110 overflows for
+   * x = 2^18 (x * w = 4 does not), and 2^(140 - 7) is not a float */
+  v = one_product(0x08, 117, 0x1p18f);
+  TT_CHECK(v == 4.0f, "x = 2^18, scale 2^-10: %a, expected 4", v);
+  v = one_product(0x7e, 140, 1.0f); /* 448 * 2^13 */
+  TT_CHECK(v == 448.0f * 0x1p13f, "scale 2^13: %a, expected 448 * 2^13", v);
 
   static const uint8_t scales[] = {0, 1, 5, 60, 100, 110, 115, 118, 119, 120, 200, 235, 238, 240, 245, 246, 247, 250, 254};
   const int64_t N = 260, K = 640, M = 6;
@@ -452,7 +464,9 @@ static void nan_weights(void) {
   ((uint8_t *)p.w.data)[3 * 300 + 5] = 0xff;   /* row 3 */
   ((uint8_t *)p.w.data)[60 * 300 + 299] = 0x7f; /* row 60, in the ragged last block */
   ((uint8_t *)p.s.data)[1 * 3 + 2] = 0xff;    /* rows 128.., cols 256.. */
-  for (int64_t M = 1; M <= 65; M += 64) {
+  static const int64_t nan_ms[] = {1, 2, 5, 8, 65};
+  for (int mi = 0; mi < 5; mi++) {
+    int64_t M = nan_ms[mi];
     tide_tensor x, yq, yp;
     x_make(&x, M, 300, 2);
     y_make(&yq, M, 200);
@@ -583,5 +597,155 @@ static void misuse(void) {
   weight_free(&q);
 }
 
+/* AUTO vs the dot model on x (M rows), bitwise (NaN = NaN) */
+static void check_model(const weight *q, const tide_tensor *x, const char *what) {
+  int64_t M = x->sizes[0], N = q->l->n, K = q->l->k;
+  tide_tensor y, yd;
+  y_make(&y, M, N);
+  y_make(&yd, M, N);
+  TT_OK(tide_linear_forward_ex(q->l, &y, x, 0));
+  tide_linear_dot_rows(q->l, 0, N, x->data, K, yd.data, N, M, 0);
+  TT_CHECK(same_or_nan(y.data, yd.data, M * N), "%s %s N=%lld K=%lld M=%lld: differs from the dot-form model", what,
+           fmt_name[q->l->fmt], (long long)N, (long long)K, (long long)M);
+  tide_tensor_release(&y);
+  tide_tensor_release(&yd);
+}
+
+/* The fused kernels at every M = 1..8: row groups of 1..8 rows with ragged
+ * ends, FP8 groups that would straddle a 128-row scale block, K tails, more
+ * than 16 MXFP4 scale blocks per row; FP8 at M = 1 with x small (the block
+ * factor on x) and large (refused: the weights take it). */
+static void fused_every_m(void) {
+  if (!tide_kernels_avx2()) return;
+  static const struct { int fmt; int64_t n, k; } cases[] = {
+      {TIDE_W_FP8, 141, 392}, {TIDE_W_FP8, 37, 1029}, {TIDE_W_FP8, 24, 100}, {TIDE_W_MXFP4, 139, 576},
+      {TIDE_W_MXFP4, 21, 64}, {TIDE_W_MXFP4, 17, 32},
+      {TIDE_W_BF16, 45, 200}, {TIDE_W_F32, 19, 72},   {TIDE_W_F16, 23, 136}};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    weight q;
+    weight_make(&q, cases[c].fmt, cases[c].n, cases[c].k, 900 + c);
+    for (int64_t M = 1; M <= 8; M++) {
+      tide_tensor x;
+      x_make(&x, M, cases[c].k, 40 + M);
+      check_model(&q, &x, "fused");
+      if (M == 1) {
+        float *xp = x.data;
+        for (int64_t k = 0; k < cases[c].k; k++) xp[k] *= 0x1p20f;
+        check_model(&q, &x, "fused, large x");
+      }
+      tide_tensor_release(&x);
+    }
+    weight_free(&q);
+  }
+}
+
+/* With MXCSR.DAZ set the FP8 decoder must not feed f32 subnormals (the
+ * pattern fp8 * 2^-120 of a subnormal fp8 code is one) to the FMAs: the
+ * kernel switches to the f16 decoder and the bits stay those of the model
+ * (computed without DAZ; nothing here is subnormal except those
+ * patterns). Also scales on both sides of 134, where the f32 pattern's
+ * factor 2^(s - 7) stops being a normal float. DAZ is set on the calling
+ * thread only, so the other thread's rows also check the plain case. */
+static void fp8_daz_routes(void) {
+  if (!tide_kernels_avx2()) return;
+  weight q;
+  weight_make(&q, TIDE_W_FP8, 141, 392, 77);
+  /* rows 0..127: scales 2^-15..2^-8 (the f32 pattern everywhere, so the
+   * products of subnormal codes are within a few bits of the others and
+   * show in the sums); rows 128..140: 133..136, both decoders */
+  uint8_t *sp = q.s.data;
+  for (int64_t i = 0; i < tide_tensor_nbytes(&q.s); i++)
+    sp[i] = (uint8_t)(i < q.s.sizes[1] ? 112 + rnd() % 8 : 133 + rnd() % 4);
+  static const int64_t Ms[] = {1, 2, 5, 8};
+  for (int mi = 0; mi < 4; mi++) {
+    int64_t M = Ms[mi];
+    tide_tensor x, y, yz, yd;
+    x_make(&x, M, 392, 3);
+    y_make(&y, M, 141);
+    y_make(&yz, M, 141);
+    y_make(&yd, M, 141);
+    TT_OK(tide_linear_forward_ex(q.l, &y, &x, 0));
+    tide_linear_dot_rows(q.l, 0, 141, x.data, 392, yd.data, 141, M, 0);
+    unsigned old = _mm_getcsr();
+    _mm_setcsr(old | 0x0040); /* DAZ */
+    int rc = tide_linear_forward_ex(q.l, &yz, &x, 0);
+    _mm_setcsr(old);
+    TT_OK(rc);
+    TT_CHECK(memcmp(y.data, yd.data, (size_t)(M * 141) * 4) == 0, "M=%lld: differs from the model", (long long)M);
+    TT_CHECK(memcmp(yz.data, yd.data, (size_t)(M * 141) * 4) == 0, "M=%lld: differs from the model under DAZ",
+             (long long)M);
+    tide_tensor_release(&x);
+    tide_tensor_release(&y);
+    tide_tensor_release(&yz);
+    tide_tensor_release(&yd);
+  }
+  weight_free(&q);
+}
+
+/* The AVX-512 kernels give the AVX2 kernel's bits (and the model's) for
+ * every M <= 8, extreme and NaN scales, NaN codes, ragged rows and K, x
+ * that takes the FP8 block factor or not, and under DAZ (MXFP4; FP8 leaves
+ * to AVX2 there). Skipped, saying so, where the CPU lacks them. */
+static void avx512_same_bits(void) {
+  if (!tide_linear_avx512_ready()) {
+    fprintf(stderr, "avx512_same_bits: SKIPPED: no AVX-512 F/BW/VL/DQ + VBMI + GFNI on this CPU (or TIDE_NO_AVX512 is set)\n");
+    return;
+  }
+  static const struct { int fmt; int64_t n, k; } cases[] = {
+      {TIDE_W_FP8, 136, 200},  {TIDE_W_FP8, 260, 1100},   {TIDE_W_FP8, 48, 384},   {TIDE_W_FP8, 24, 100},
+      {TIDE_W_MXFP4, 72, 96}, {TIDE_W_MXFP4, 264, 1088}, {TIDE_W_MXFP4, 42, 544}, {TIDE_W_MXFP4, 16, 32}};
+  static const uint8_t fp8_sc[] = {0, 1, 100, 110, 119, 127, 133, 134, 135, 140, 246, 247, 255};
+  static const uint8_t fp4_sc[] = {0, 1, 2, 100, 118, 121, 125, 127, 200, 253, 254, 255};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    const int64_t N = cases[c].n, K = cases[c].k;
+    weight q;
+    weight_make(&q, cases[c].fmt, N, K, 500 + c);
+    uint8_t *sp = q.s.data, *wp = q.w.data;
+    const int64_t ns = tide_tensor_nbytes(&q.s);
+    for (int64_t i = 0; i < ns; i++) {
+      if (rnd() % 4) continue; /* a quarter of the blocks get extreme scales */
+      sp[i] = cases[c].fmt == TIDE_W_FP8 ? fp8_sc[rnd() % sizeof fp8_sc] : fp4_sc[rnd() % sizeof fp4_sc];
+    }
+    if (cases[c].fmt == TIDE_W_FP8 && N > 100) wp[97 * K + 3] = 0x7f; /* a NaN code: row 97 only */
+    for (int64_t M = 1; M <= 8; M++) {
+      for (int big = 0; big <= (M == 1); big++) {
+        tide_tensor x, ya, yb, yd;
+        x_make(&x, M, K, 60 + M);
+        if (big)
+          for (int64_t k = 0; k < K; k++) ((float *)x.data)[k] *= 0x1p20f;
+        y_make(&ya, M, N);
+        y_make(&yb, M, N);
+        y_make(&yd, M, N);
+        TT_OK(tide_linear_forward_ex(q.l, &ya, &x, 0));
+        int old = tide_linear_avx512_force_off(1);
+        TT_OK(tide_linear_forward_ex(q.l, &yb, &x, 0));
+        tide_linear_avx512_force_off(old);
+        tide_linear_dot_rows(q.l, 0, N, x.data, K, yd.data, N, M, 0);
+        TT_CHECK(same_or_nan(ya.data, yb.data, M * N), "%s N=%lld K=%lld M=%lld%s: AVX-512 differs from AVX2",
+                 fmt_name[q.l->fmt], (long long)N, (long long)K, (long long)M, big ? " (large x)" : "");
+        TT_CHECK(same_or_nan(ya.data, yd.data, M * N), "%s N=%lld K=%lld M=%lld%s: AVX-512 differs from the model",
+                 fmt_name[q.l->fmt], (long long)N, (long long)K, (long long)M, big ? " (large x)" : "");
+        if (cases[c].fmt == TIDE_W_MXFP4 && (M == 1 || M == 5)) {
+          unsigned csr = _mm_getcsr();
+          _mm_setcsr(csr | 0x0040); /* DAZ */
+          TT_OK(tide_linear_forward_ex(q.l, &ya, &x, 0));
+          old = tide_linear_avx512_force_off(1);
+          TT_OK(tide_linear_forward_ex(q.l, &yb, &x, 0));
+          tide_linear_avx512_force_off(old);
+          _mm_setcsr(csr);
+          TT_CHECK(same_or_nan(ya.data, yb.data, M * N), "mxfp4 N=%lld M=%lld: AVX-512 differs from AVX2 under DAZ",
+                   (long long)N, (long long)M);
+        }
+        tide_tensor_release(&x);
+        tide_tensor_release(&ya);
+        tide_tensor_release(&yb);
+        tide_tensor_release(&yd);
+      }
+    }
+    weight_free(&q);
+  }
+}
+
 TT_RUN(TT(formats_and_shapes), TT(batch_invariance), TT(thread_invariance), TT(grouped), TT(many_jobs),
-       TT(extreme_values), TT(output_flags), TT(nan_weights), TT(zero_copy_no_alloc), TT(backends_and_policy), TT(misuse))
+       TT(extreme_values), TT(output_flags), TT(nan_weights), TT(zero_copy_no_alloc), TT(backends_and_policy), TT(misuse),
+       TT(fused_every_m), TT(fp8_daz_routes), TT(avx512_same_bits))

@@ -44,6 +44,12 @@ void tide_linear_free(tide_linear *l);                        /* NULL-safe */
 int tide_linear_info(const tide_linear *l, int64_t *n, int64_t *k, int *fmt);
 /* Bytes of weight (and scale) data one full pass reads. */
 int64_t tide_linear_weight_bytes(const tide_linear *l);
+/* The instruction set the invariant AUTO kernels use here: "avx512" (the
+ * AVX-512 VBMI + GFNI variants of the M <= 8 FP8 and MXFP4 kernels, AVX2
+ * for everything else), "avx2", or "ref" (the scalar reference: no AVX2,
+ * or TIDE_REF=1). TIDE_NO_AVX512=1 in the environment keeps AVX-512 off.
+ * All of them except "ref" give bitwise the same results. Static string. */
+const char *tide_linear_isa(void);
 
 /* y[M,N] = x[M,K] . W^T. x: f32 or bf16, rows contiguous (row stride may
  * exceed K). y: f32 or bf16 (rounded to nearest even), rows contiguous.
