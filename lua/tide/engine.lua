@@ -259,7 +259,7 @@ function Engine:submit(spec)
   }, Request)
   for i = 1, #toks do r.tokens[i] = toks[i] end
   gen:prompt(r.tokens)
-  r.view = { id = id, tag = spec.tag, arrival = id, priority = prio, n_prompt = #toks, max_tokens = max_new }
+  r.view = {}
   refresh(r)
   self.requests[id] = r
   self.waiting[#self.waiting + 1] = r
@@ -276,6 +276,8 @@ end
 -- Bring r's view up to date (after any change of r).
 function refresh(r)
   local v = r.view
+  v.id, v.tag, v.arrival, v.priority = r.id, r.tag, r.arrival, r.priority
+  v.n_prompt, v.max_tokens = r.n_prompt, r.max_tokens
   v.n_tokens = #r.tokens
   v.computed = r.computed
   v.pending = #r.tokens - r.computed

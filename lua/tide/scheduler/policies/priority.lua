@@ -17,21 +17,32 @@ local function before(a, b)
 end
 P.before = before
 
+-- The best waiting request not taken yet (a scan: admissions stop at the
+-- first refusal, so a long queue costs O(queue) per step, not a sort).
+local function best(waiting, taken)
+  local b
+  for _, r in ipairs(waiting) do
+    if not taken[r] and (not b or before(r, b)) then b = r end
+  end
+  return b
+end
+
 function P.schedule(view)
   local plan = view:plan()
-  local running, waiting = {}, {}
+  local running = {}
   for i, r in ipairs(view.running) do running[i] = r end
-  for i, r in ipairs(view.waiting) do waiting[i] = r end
   table.sort(running, before)
-  table.sort(waiting, before)
   for _, r in ipairs(running) do
     if r.phase == "decode" then plan:add(r, 1) end
   end
   for _, r in ipairs(running) do
     if r.phase ~= "decode" then plan:claim(r, r.pending, before) end
   end
-  for _, r in ipairs(waiting) do
-    if plan.left < 1 or plan:claim(r, r.pending, before) == 0 then break end
+  local taken = {}
+  while plan.left >= 1 do
+    local r = best(view.waiting, taken)
+    if not r or plan:claim(r, r.pending, before) == 0 then break end
+    taken[r] = true
   end
   return plan
 end
