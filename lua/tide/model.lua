@@ -195,6 +195,42 @@ function Model:cache_stats()
   }
 end
 
+-- Cache blocks a step of n tokens allocates for a sequence (not forked) of
+-- committed length len: new SWA blocks, new compressed pages (what prepare
+-- takes from the pools; blocks out of the window come back only at commit).
+function Model:cache_need(len, n)
+  local cc = self.cache_cfg
+  local B, pt = cc.swa_block, cc.page_tokens
+  local swa = math.ceil((len + n) / B) - math.ceil(len / B)
+  local pages = 0
+  if self:_has_compressed() then pages = math.ceil((len + n) / pt) - math.ceil(len / pt) end
+  return swa, pages
+end
+
+-- The most blocks one sequence ever holds while it grows to `total`
+-- positions in steps of at most `n_step` tokens: SWA blocks (held between
+-- prepare and commit: the window plus the step, or everything when the
+-- cache keeps history) and compressed pages.
+function Model:cache_peak(total, n_step)
+  local cc = self.cache_cfg
+  local B, pt = cc.swa_block, cc.page_tokens
+  local swa = math.ceil(total / B)
+  if cc.keep_swa_history == 0 then
+    swa = math.min(swa, math.floor((cc.window + math.min(n_step, total) - 2) / B) + 2)
+  end
+  local pages = self:_has_compressed() and math.ceil(total / pt) or 0
+  return swa, pages
+end
+
+function Model:_has_compressed()
+  if self._n_comp == nil then
+    local n = 0
+    for L = 0, self.cache_cfg.n_layers - 1 do if self.cache_cfg.ratios[L] > 1 then n = n + 1 end end
+    self._n_comp = n
+  end
+  return self._n_comp > 0
+end
+
 -- ---------------------------------------------------------------- reference
 -- m:use_reference(true | "all")   whole forward through the golden reference
 -- m:use_reference({3, 5})         the attention and MoE of layers 3 and 5

@@ -1,49 +1,32 @@
--- First come, first served. Every running request in decode gets its token
--- first (decode latency stays low); the remaining budget goes to prompt
--- chunks in arrival order, admitting waiting requests while sequence slots
--- are free. When the cache is full the most recently arrived running
--- request is preempted (it recomputes later).
---
--- A policy is a table { name, schedule = function(view) -> plan,
--- victim = function(view, plan) -> request view } (see docs/scheduling.md).
+-- First come, first served. Running requests go first, oldest first: each
+-- decode gets its token, each prompt (or recompute) chunk its full size,
+-- newer running requests giving way when the blocks are short. Then waiting requests are admitted strictly in arrival
+-- order: when the oldest waiting one does not fit (blocks, sequence slots,
+-- budget), nobody behind it is admitted this step. Victim: the latest
+-- arrival (a just-planned admission is deferred before anyone is preempted,
+-- as it is the newest). Contract: requests are admitted in arrival order;
+-- see docs/scheduling.md.
 local P = { name = "fcfs" }
 
-local function by_arrival(a, b) return a.arrival < b.arrival end
+local function older(a, b) return a.arrival < b.arrival end
 
 function P.schedule(view)
-  local plan, budget = {}, view.budget
-  local running = {}
-  for _, r in ipairs(view.running) do running[#running + 1] = r end
-  table.sort(running, by_arrival)
-  -- decodes first
-  for _, r in ipairs(running) do
-    if r.phase == "decode" and budget > 0 then
-      plan[#plan + 1] = { req = r, n = 1 }
-      budget = budget - 1
-    end
+  local plan = view:plan()
+  for _, r in ipairs(view.running) do
+    if r.phase == "decode" then plan:add(r, 1) end
   end
-  -- then prefill chunks: running ones, then waiting ones, oldest first
-  local slots = view.max_running - #view.running
-  local queue = {}
-  for _, r in ipairs(running) do if r.phase == "prefill" then queue[#queue + 1] = r end end
-  local waiting = {}
-  for _, r in ipairs(view.waiting) do waiting[#waiting + 1] = r end
-  table.sort(waiting, by_arrival)
-  for _, r in ipairs(waiting) do
-    if slots > 0 then queue[#queue + 1] = r; slots = slots - 1 end
+  for _, r in ipairs(view.running) do
+    if r.phase ~= "decode" then plan:claim(r, r.pending, older) end
   end
-  for _, r in ipairs(queue) do
-    if budget <= 0 then break end
-    local n = math.min(r.pending, budget, view.chunk)
-    plan[#plan + 1] = { req = r, n = n }
-    budget = budget - n
+  for _, r in ipairs(view.waiting) do
+    if plan:add(r, r.pending) == 0 then break end
   end
   return plan
 end
 
 function P.victim(view)
   local pick
-  for _, r in ipairs(view.running) do
+  for _, r in ipairs(view:candidates()) do
     if not pick or r.arrival > pick.arrival then pick = r end
   end
   return pick

@@ -1,64 +1,58 @@
--- Priority: like first-come-first-served, but requests are ordered by
--- `priority` (higher first), then by arrival. Decodes of every running
--- request go first; prompt chunks and admissions follow that order. When
--- the cache is full the running request with the lowest priority (latest
--- arrival among equals) is preempted, so a high-priority request is never
--- preempted while a lower one holds blocks.
+-- Priority: requests are ordered by `priority` (higher first), then by
+-- arrival. Every running decode gets its token first (decode latency stays
+-- low whatever the priority); then prompt (or recompute) chunks of running
+-- requests and admissions of waiting ones, in that order. A request whose
+-- chunk does not fit the free blocks claims it anyway when a lower-ranked
+-- request holds a sequence: the victim rule then preempts the lowest-ranked
+-- one to make room. A waiting request that cannot be admitted stops the
+-- admissions (nobody of lower rank overtakes it). Victim: the lowest
+-- priority, the latest arrival among equals. Contract: no request runs a
+-- prompt chunk or is admitted while one of higher priority waits for room
+-- (the engine's progress guarantee aside, docs/scheduling.md).
 local P = { name = "priority" }
 
-local function order(a, b)
+local function before(a, b)
   if a.priority ~= b.priority then return a.priority > b.priority end
   return a.arrival < b.arrival
 end
+P.before = before
+
+-- The best waiting request not taken yet (a scan: admissions stop at the
+-- first refusal, so a long queue costs O(queue) per step, not a sort).
+local function best(waiting, taken)
+  local b
+  for _, r in ipairs(waiting) do
+    if not taken[r] and (not b or before(r, b)) then b = r end
+  end
+  return b
+end
 
 function P.schedule(view)
-  local plan, budget = {}, view.budget
+  local plan = view:plan()
   local running = {}
-  for _, r in ipairs(view.running) do running[#running + 1] = r end
-  table.sort(running, order)
+  for i, r in ipairs(view.running) do running[i] = r end
+  table.sort(running, before)
   for _, r in ipairs(running) do
-    if r.phase == "decode" and budget > 0 then
-      plan[#plan + 1] = { req = r, n = 1 }
-      budget = budget - 1
-    end
+    if r.phase == "decode" then plan:add(r, 1) end
   end
-  local slots = view.max_running - #view.running
-  local queue = {}
-  for _, r in ipairs(running) do if r.phase == "prefill" then queue[#queue + 1] = r end end
-  local waiting = {}
-  for _, r in ipairs(view.waiting) do waiting[#waiting + 1] = r end
-  table.sort(waiting, order)
-  for _, r in ipairs(waiting) do
-    if slots > 0 then queue[#queue + 1] = r; slots = slots - 1 end
+  for _, r in ipairs(running) do
+    if r.phase ~= "decode" then plan:claim(r, r.pending, before) end
   end
-  table.sort(queue, order)
-  for _, r in ipairs(queue) do
-    if budget <= 0 then break end
-    local n = math.min(r.pending, budget, view.chunk)
-    plan[#plan + 1] = { req = r, n = n }
-    budget = budget - n
+  local taken = {}
+  while plan.left >= 1 do
+    local r = best(view.waiting, taken)
+    if not r or plan:claim(r, r.pending, before) == 0 then break end
+    taken[r] = true
   end
   return plan
 end
 
 function P.victim(view)
   local pick
-  for _, r in ipairs(view.running) do
-    if not pick or r.priority < pick.priority or (r.priority == pick.priority and r.arrival > pick.arrival) then
-      pick = r
-    end
+  for _, r in ipairs(view:candidates()) do
+    if not pick or before(pick, r) then pick = r end
   end
   return pick
-end
-
--- The request that always advances (never preempted while others hold
--- blocks): the highest priority, oldest among equals.
-function P.protect(view)
-  local best
-  for _, r in ipairs(view.running) do
-    if not best or order(r, best) then best = r end
-  end
-  return best
 end
 
 return P
