@@ -55,7 +55,7 @@ local function exists(p)
   return false
 end
 local build = os.getenv("TIDE_BUILD_DIR") or "build"
-model_dir = model_dir or (build .. "/bench-model")
+model_dir = model_dir or (build .. "/models/bench")
 if not exists(model_dir .. "/config.json") then
   io.stderr:write("bench_engine: writing the bench checkpoint to ", model_dir, " (~2 GB, once)\n")
   local exe = (rawget(_G, "_TIDE_EXE") or {}).exe or (build .. "/tide")
