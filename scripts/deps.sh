@@ -3,7 +3,7 @@
 # (idempotent, silent when everything is present). Run as root, or with sudo.
 set -e
 PKGS="cmake make gcc pkg-config luajit libluajit-5.1-dev libdnnl-dev lua-busted lua-cjson libcjson-dev \
-libedit-dev libpcre2-dev ocl-icd-opencl-dev python3-numpy lua-check clang libclang-rt-14-dev nodejs npm"
+libedit-dev libpcre2-dev libmicrohttpd-dev ocl-icd-opencl-dev python3-numpy lua-check clang libclang-rt-14-dev nodejs npm"
 
 missing=""
 for p in $PKGS; do

@@ -38,6 +38,7 @@ extern "C" {
 #include "tide/tokenizer.h"
 #include "tide/sampling.h"
 #include "tide/refmodel.h"
+#include "tide/http.h"
 /* TIDE_CDEF_END */
 
 #ifdef __cplusplus

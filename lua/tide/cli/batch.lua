@@ -210,6 +210,7 @@ local function to_request(obj, defaults, sampler_cache, tokenizer)
     sampler = sampler,
   }, nil, req.id
 end
+M.to_request = to_request   -- shared with tide serve (lua/tide/server/openai.lua)
 
 -- ---------------------------------------------------------------- progress
 local isatty
