@@ -20,7 +20,7 @@ local spec = {
   chunk = { type = "number", meta = "N", help = "most prompt tokens of one request per step (default: the budget)" },
   cache_pages = { type = "number", meta = "N", help = "compressed cache pages (default: sized for --parallel)" },
   queue = { type = "number", meta = "N", default = 64, help = "most requests waiting; more get 503 + Retry-After" },
-  samplers = { type = "string", meta = "DIR",
+  sampler_dir = { type = "string", meta = "DIR",
     help = "directory of sampler files a request may name with \"sampler\": NAME (never a path)" },
   name = { type = "string", meta = "ID", help = "the model id /v1/models shows (default: the directory's name)" },
   max_body = { type = "number", meta = "BYTES", default = 1048576, help = "largest request body (larger: 413)" },
@@ -40,7 +40,7 @@ for k, v in pairs(sampling.options) do if not spec[k] then spec[k] = v end end
 local M = {
   summary = "serve the OpenAI API (chat, completions, streaming) over the batching engine",
   usage = "usage: tide serve [--model DIR] [--host 127.0.0.1] [--port 8080] [--policy NAME|FILE] [--api-key KEY]\n"
-    .. "                  [--parallel N] [--context N] [--samplers DIR] [sampling defaults]\n"
+    .. "                  [--parallel N] [--context N] [--sampler-dir DIR] [sampling defaults]\n"
     .. "Endpoints: POST /v1/chat/completions, /v1/completions (stream: true for SSE), GET /v1/models, /health,\n"
     .. "/metrics (Prometheus), POST /tokenize, /detokenize. docs/server.md has the details.\n" .. args.help(spec),
 }
@@ -82,12 +82,12 @@ function M.run(argv)
   int("port", 0)
   int("queue", 0)
   if o.port > 65535 then args.fail("serve: --port must be in 0..65535") end
-  if o.samplers then
-    local dir = o.samplers:gsub("/+$", "")
+  if o.sampler_dir then
+    local dir = o.sampler_dir:gsub("/+$", "")
     if dir == "" or not exists(dir) then
-      args.fail("serve: --samplers " .. o.samplers .. " is not a directory", 1)
+      args.fail("serve: --sampler-dir " .. o.sampler_dir .. " is not a directory", 1)
     end
-    o.samplers = dir
+    o.sampler_dir = dir
   end
   local tide = require("tide")
   if o.threads then tide.threads(o.threads) end
@@ -104,7 +104,7 @@ function M.run(argv)
   if api_key == "" then api_key = nil end
   local srv, serr = server.new(model, eng, {
     host = o.host, port = o.port, api_key = api_key, name = o.name or dir:gsub("/+$", ""):match("([^/]+)$"),
-    samplers = o.samplers, defaults = o, context = o.context, queue = o.queue, shutdown = o.shutdown,
+    samplers = o.sampler_dir, defaults = o, context = o.context, queue = o.queue, shutdown = o.shutdown,
     max_body = o.max_body, max_buffer = o.max_buffer, max_connections = o.max_connections, timeout = o.timeout,
     log = log,
   })

@@ -118,7 +118,7 @@ end
 
 local function sampler_path(ctx, name)
   if not ctx.samplers then
-    return nil, err(400, "this server has no sampler directory (start it with --samplers DIR)", "sampler")
+    return nil, err(400, "this server has no sampler directory (start it with --sampler-dir DIR)", "sampler")
   end
   local base = name:gsub("%.lua$", "")
   if not base:match("^[%w_%-]+$") then
