@@ -96,7 +96,6 @@ function M.run(argv)
   local model, merr = tide.model(dir, { max_tokens = o.budget, cache = { context = o.context, max_seqs = o.parallel,
     pages = o.cache_pages, swa_blocks = nil } })
   if not model then args.fail("serve: " .. tostring(merr), 1) end
-  if not model.tokenizer then args.fail("serve: the model in " .. dir .. " has no tokenizer", 1) end
   local okp, eng = pcall(tide.engine, model, { budget = o.budget, chunk = o.chunk, policy = o.policy })
   if not okp then args.fail("serve: " .. tostring(eng):gsub("^engine: ", ""), 1) end
   local server = require("tide.server")

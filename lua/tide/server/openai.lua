@@ -235,6 +235,7 @@ function M.chat_line(body, ctx)
       return nil, err(400, "messages[" .. (i - 1) .. "].content is not valid UTF-8", "messages", "invalid_utf8")
     end
   end
+  if not ctx.tokenizer then return nil, err(400, "this model has no tokenizer: use /v1/completions with token ids") end
   local lp, top = val(body, "logprobs"), val(body, "top_logprobs")
   if top ~= nil and not lp then
     return nil, err(400, "top_logprobs needs logprobs: true", "top_logprobs")
@@ -257,6 +258,7 @@ function M.completion_line(body, ctx)
   local ids
   if type(p) == "table" and #p == 1 and (type(p[1]) == "string" or type(p[1]) == "table") then p = p[1] end
   if type(p) == "string" then
+    if not ctx.tokenizer then return nil, err(400, "this model has no tokenizer: give the prompt as token ids", "prompt") end
     if not json.valid_utf8(p) then return nil, err(400, "the prompt is not valid UTF-8", "prompt", "invalid_utf8") end
     ids = ctx.tokenizer:encode(p)
   elseif type(p) == "table" and p[1] ~= nil then
@@ -293,14 +295,16 @@ end
 
 -- ---------------------------------------------------------------- responses
 local function token_text(tok, id)
+  if not tok then return "" end
   local ok, s = pcall(tok.decode, tok, { id })
   if not ok then return "" end
   s = json.sanitize_utf8(s)
   return s
 end
 local function token_bytes(tok, id)
-  local ok, s = pcall(tok.id_to_bytes, tok, id)
   local out = json.array()
+  if not tok then return out end
+  local ok, s = pcall(tok.id_to_bytes, tok, id)
   if ok and type(s) == "string" then for i = 1, #s do out[i] = s:byte(i) end end
   return out
 end

@@ -68,6 +68,7 @@ R[#R + 1] = { method = "POST", path = "/tokenize", handler = function(srv, req)
       return srv:fail(req, err(400, "unknown field '" .. tostring(k) .. "'", k, "unknown_field"))
     end
   end
+  if not srv.ctx.tokenizer then return srv:fail(req, err(400, "this model has no tokenizer")) end
   if type(body.content) ~= "string" then return srv:fail(req, err(400, "'content' must be a string", "content")) end
   if body.add_special ~= nil and type(body.add_special) ~= "boolean" then
     return srv:fail(req, err(400, "'add_special' must be true or false", "add_special"))
@@ -91,6 +92,7 @@ R[#R + 1] = { method = "POST", path = "/detokenize", handler = function(srv, req
       return srv:fail(req, err(400, "unknown field '" .. tostring(k) .. "'", k, "unknown_field"))
     end
   end
+  if not srv.ctx.tokenizer then return srv:fail(req, err(400, "this model has no tokenizer")) end
   local ids = body.tokens
   if type(ids) ~= "table" or (next(ids) ~= nil and ids[1] == nil) then
     return srv:fail(req, err(400, "'tokens' must be a list of token ids", "tokens"))
