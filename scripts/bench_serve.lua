@@ -142,8 +142,8 @@ local server_res = {}
 do
   local tmp = os.tmpname()
   local pf = tmp .. ".port"
-  local cmd = string.format("%s serve --model %s --port 0 --port-file %s --parallel 16 --context %d --budget 256 --quiet",
-    exe, model_dir, pf, CONTEXT)
+  local cmd = string.format("%s serve --model %s --port 0 --port-file %s --parallel 16 --context %d --budget 256 "
+    .. "--quiet", exe, model_dir, pf, CONTEXT)
   os.execute(string.format("sh -c '%s & echo $! > %s.pid; wait' > /dev/null 2>&1 &", cmd, tmp))
   local port
   for _ = 1, 1200 do

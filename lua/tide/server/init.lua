@@ -125,7 +125,7 @@ function Srv:generate(req, line, meta)
   if not h then return self:fail(req, openai.err(400, serr, nil, "context_length_exceeded")) end
   self.next_cid = self.next_cid + 1
   local job = { id = req.id, h = h, meta = meta, created = os.time(), model = meta.model or self.name,
-    fingerprint = self.fingerprint, sent = 0, lp_sent = 0, text_off = 0 }
+    fingerprint = self.fingerprint, sent = 0, text_off = 0, t_sent = now() }
   job.cid = (meta.kind == "chat" and "chatcmpl-" or "cmpl-") .. self.started .. "-" .. self.next_cid
   self.jobs[req.id] = job
   self.n_jobs = self.n_jobs + 1
@@ -210,7 +210,14 @@ function Srv:_pump(job)
     if self.http:send(job.id, table.concat(parts)) then self.http:finish(job.id) end
     return
   end
-  if #parts > 0 and not self.http:send(job.id, table.concat(parts)) then self:_drop(job) end
+  -- a comment line after a second of silence (queued, long prompt): SSE
+  -- clients ignore it, and writing it is how a client that left is noticed
+  local t = now()
+  if #parts == 0 and t - (job.t_sent or 0) > 1 then parts[1] = ": waiting\n\n" end
+  if #parts > 0 then
+    job.t_sent = t
+    if not self.http:send(job.id, table.concat(parts)) then self:_drop(job) end
+  end
 end
 
 function Srv:_pump_all()

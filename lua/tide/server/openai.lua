@@ -258,7 +258,9 @@ function M.completion_line(body, ctx)
   local ids
   if type(p) == "table" and #p == 1 and (type(p[1]) == "string" or type(p[1]) == "table") then p = p[1] end
   if type(p) == "string" then
-    if not ctx.tokenizer then return nil, err(400, "this model has no tokenizer: give the prompt as token ids", "prompt") end
+    if not ctx.tokenizer then
+      return nil, err(400, "this model has no tokenizer: give the prompt as token ids", "prompt")
+    end
     if not json.valid_utf8(p) then return nil, err(400, "the prompt is not valid UTF-8", "prompt", "invalid_utf8") end
     ids = ctx.tokenizer:encode(p)
   elseif type(p) == "table" and p[1] ~= nil then
