@@ -9,7 +9,7 @@ const path = require('path');
 const http = require('http');
 const net = require('net');
 
-const [mode, portArg, key] = process.argv.slice(2);
+const [mode, portArg, key, pidArg] = process.argv.slice(2);
 const port = Number(portArg);
 const root = path.resolve(__dirname, '..', '..');
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
@@ -227,8 +227,54 @@ async function modeBad() {
   return out;
 }
 
+// ------------------------------------------------------------------ queue full, shutdown
+// The server runs with --parallel 1 --queue 1: A runs, B waits, C is refused;
+// then SIGTERM (to PIDARG) ends A within the server's --shutdown bound.
+function openStream(body, onToken) {
+  return new Promise((resolve) => {
+    const req = http.request({ host: '127.0.0.1', port, method: 'POST', path: '/v1/completions', agent: false,
+      headers: { Authorization: `Bearer ${key}`, 'Content-Type': 'application/json' } }, (res) => {
+      const st = { status: res.statusCode, tokens: 0, ended: null };
+      st.done = new Promise((done) => {
+        res.on('data', (c) => {
+          const n = (c.toString().match(/"token_ids":\[\d/g) || []).length;
+          st.tokens += n;
+          if (n && onToken) onToken(st);
+        });
+        const end = () => { if (st.ended === null) { st.ended = Date.now(); done(); } };
+        res.on('end', end);
+        res.on('close', end);
+        res.on('error', end);
+      });
+      resolve(st);
+    });
+    req.on('error', () => resolve({ status: 0, tokens: 0, done: Promise.resolve() }));
+    req.end(JSON.stringify(body));
+  });
+}
+
+async function modeQueue() {
+  const out = {};
+  let firstToken;
+  const gotToken = new Promise((r) => { firstToken = r; });
+  const a = await openStream({ prompt: 'A', max_tokens: 400, seed: 1, stream: true, return_token_ids: true },
+    () => firstToken());
+  await gotToken;
+  const b = await openStream({ prompt: 'B', max_tokens: 2, seed: 2, stream: true, return_token_ids: true });
+  const c = await request('POST', '/v1/completions', { prompt: 'C', max_tokens: 2 });
+  out.a_status = a.status;
+  out.b_status = b.status;
+  out.c = { status: c.status, retry: c.headers['retry-after'], error: c.json && c.json.error };
+  const t0 = Date.now();
+  process.kill(Number(pidArg), 'SIGTERM');
+  await Promise.race([a.done, sleep(20000)]);
+  out.a_ended_ms = (a.ended || Date.now()) - t0;
+  out.a_tokens = a.tokens;
+  return out;
+}
+
 (async () => {
-  const f = { openai: modeOpenai, drop: modeDrop, bad: modeBad }[mode];
+  const f = { openai: modeOpenai, drop: modeDrop, bad: modeBad, queue: modeQueue }[mode];
   if (!f) throw new Error('mode must be openai, drop or bad');
   const r = await f();
   process.stdout.write(JSON.stringify(r) + '\n');

@@ -38,27 +38,37 @@ do
   NODE_OK = rc == 0
 end
 
--- start the server: its pid, port; the shell records its exit status
-local function start()
-  local pf, rcf = TMP .. "/port", TMP .. "/rc"
+-- start a server (files TMP/NAME.*): its pid and port; the shell records its exit status
+local function start(name, extra)
+  local base = TMP .. "/" .. name
+  local pf, rcf = base .. ".port", base .. ".rc"
   os.remove(pf)
   os.remove(rcf)
-  local cmd = string.format("%s serve --model %s --port 0 --port-file %s --api-key %s --sampler-dir %s --parallel 16 "
-    .. "--context %d --timeout 3 --max-body 262144", tm.q(tm.EXE), tm.q(DEMO), tm.q(pf), KEY, tm.q(TMP .. "/samplers"),
-    CONTEXT)
+  local cmd = string.format("%s serve --model %s --port 0 --port-file %s --api-key %s --sampler-dir %s "
+    .. "--context %d --timeout 3 --max-body 262144 %s", tm.q(tm.EXE), tm.q(DEMO), tm.q(pf), KEY,
+    tm.q(TMP .. "/samplers"), CONTEXT, extra)
   os.execute(string.format("sh -c '%s > %s 2>&1 & echo $! > %s; wait $!; echo $? > %s' > /dev/null 2>&1 &",
-    cmd:gsub("'", "'\\''"), tm.q(TMP .. "/log"), tm.q(TMP .. "/pid"), tm.q(rcf)))
+    cmd:gsub("'", "'\\''"), tm.q(base .. ".log"), tm.q(base .. ".pid"), tm.q(rcf)))
   for _ = 1, 600 do
     local p = read(pf)
-    if p and tonumber(p) then return tonumber(read(TMP .. "/pid")), tonumber(p) end
+    if p and tonumber(p) then return tonumber(read(base .. ".pid")), tonumber(p) end
     os.execute("sleep 0.1")
   end
-  error("tide serve did not start: " .. tostring(read(TMP .. "/log")))
+  error("tide serve did not start: " .. tostring(read(base .. ".log")))
 end
 
-local function client(mode, port)
+-- the exit status of server NAME, waiting up to `secs`
+local function exit_status(name, secs)
+  for _ = 1, secs * 10 do
+    local rc = read(TMP .. "/" .. name .. ".rc")
+    if rc and rc:match("%d") then return rc:match("%d+") end
+    os.execute("sleep 0.1")
+  end
+end
+
+local function client(mode, port, pid)
   local js = tm.q(tm.ROOT .. "/tests/js/serve_client.js")
-  local out, rc = tm.sh(string.format("node %s %s %d %s", js, mode, port, KEY))
+  local out, rc = tm.sh(string.format("node %s %s %d %s %s", js, mode, port, KEY, tostring(pid or "")))
   local ok, r = pcall(cjson.decode, out:match("[^\n]*\n?$") or out)
   if not ok or rc ~= 0 then error("client " .. mode .. " failed (rc " .. tostring(rc) .. "): " .. out) end
   return r
@@ -107,7 +117,7 @@ local function stream_ids(c)
   return ids, table.concat(text), finish, usage
 end
 
-local PID, PORT = start()
+local PID, PORT = start("main", "--parallel 16")
 
 describe("tide serve", function()
   it("answers the openai client: chat and completions, streamed and not, logprobs, usage, 16 streams", function()
@@ -239,14 +249,23 @@ describe("tide serve", function()
   end)
 
   it("stops on SIGTERM with status 0", function()
-    assert.is_true(os.execute("kill -TERM " .. PID) == 0 or true)
-    local rc
-    for _ = 1, 300 do
-      rc = read(TMP .. "/rc")
-      if rc and rc:match("%d") then break end
-      os.execute("sleep 0.1")
-    end
-    assert.equal("0", rc and rc:match("%d+"), read(TMP .. "/log"))
-    assert.matches("stopped", read(TMP .. "/log"))
+    os.execute("kill -TERM " .. PID)
+    assert.equal("0", exit_status("main", 30), read(TMP .. "/main.log"))
+    assert.matches("stopped", read(TMP .. "/main.log"))
+  end)
+
+  it("answers 503 + Retry-After when the queue is full; SIGTERM ends running streams within --shutdown", function()
+    if not NODE_OK then pending("node is missing") return end
+    local pid, port = start("queue", "--parallel 1 --queue 1 --shutdown 1")
+    local r = client("queue", port, pid)
+    assert.is_nil(r.fatal)
+    assert.equal(200, r.a_status)
+    assert.equal(200, r.b_status)
+    assert.equal(503, r.c.status)
+    assert.equal("1", r.c.retry)
+    assert.equal("queue_full", r.c.error.code)
+    assert.is_true(r.a_tokens < 400)
+    assert.is_true(r.a_ended_ms < 15000, "the running stream ended after the signal")
+    assert.equal("0", exit_status("queue", 30), read(TMP .. "/queue.log"))
   end)
 end)
