@@ -9,18 +9,23 @@ local args = require("tide.cli.args")
 local sampling = require("tide.sampling")
 
 local spec = {
-  model = { type = "string", meta = "DIR", required = true, help = "checkpoint directory (with tokenizer.json)" },
+  model = { type = "string", meta = "DIR",
+    help = "checkpoint directory with tokenizer.json (default: the default model, as `make run`)" },
   system = { type = "string", meta = "TEXT", help = "system prompt" },
-  max_tokens = { type = "number", meta = "N", default = 512, help = "tokens per reply at most" },
-  n_predict = { type = "number", meta = "N", help = "same as --max-tokens" },
+  max_tokens = { type = "number", meta = "N", default = 512, integer = true, min = 1,
+    why_min = "the most tokens per reply; there is no unlimited setting", help = "tokens per reply at most" },
+  n_predict = { type = "number", meta = "N", integer = true, min = 1,
+    why_min = "the most tokens per reply; there is no unlimited setting", help = "same as --max-tokens" },
   stop = { type = "list", meta = "S", help = "stop string (repeatable)" },
   ignore_eos = { type = "boolean", help = "do not stop a reply at the end-of-sentence token" },
   thinking = { type = "boolean", help = "v3.1-style templates: open replies with <think>" },
-  context = { type = "number", meta = "N", default = 4096, help = "positions per conversation the cache is sized for" },
-  chunk = { type = "number", meta = "N", default = 256, help = "prefill tokens per step" },
-  threads = { type = "number", meta = "N", help = "OpenMP threads" },
+  context = { type = "number", meta = "N", default = 4096, integer = true, min = 1,
+    help = "positions per conversation the cache is sized for" },
+  chunk = { type = "number", meta = "N", default = 256, integer = true, min = 1, help = "prefill tokens per step" },
+  threads = { type = "number", meta = "N", integer = true, min = 0, help = "OpenMP threads (0: all cores)" },
   load = { type = "string", meta = "PATH", help = "start from a saved session (/save)" },
-  snapshots = { type = "number", meta = "N", default = 4, help = "cache snapshots kept per branch (undo/regen speed)" },
+  snapshots = { type = "number", meta = "N", default = 4, integer = true, min = 0,
+    help = "cache snapshots kept per branch (undo/regen speed)" },
 }
 for k, v in pairs(sampling.options) do
   if not spec[k] and k ~= "n_probs" then spec[k] = v end
@@ -28,7 +33,7 @@ end
 
 local M = {
   summary = "chat with a model: streaming replies, /undo /regen /fork /save /load /inspect ...",
-  usage = "usage: tide chat --model DIR [--sampler FILE] [--system TEXT] [--seed S] [sampling options]\n"
+  usage = "usage: tide chat [--model DIR] [--sampler FILE] [--system TEXT] [--seed S] [sampling options]\n"
     .. "  type a message to get a reply; /help inside lists the commands\n" .. args.help(spec),
 }
 
@@ -102,6 +107,12 @@ function M.run(argv)
   if #pos > 0 then args.fail("chat: unexpected argument '" .. pos[1] .. "'") end
   local tide = require("tide")
   if o.threads then tide.threads(o.threads) end
+  if not o.model then
+    local derr
+    o.model, derr = tide.default_model()
+    if not o.model then args.fail("chat: no --model given and " .. tostring(derr), 1) end
+    io.stderr:write("tide chat: using the default model ", o.model, " (--model DIR picks another)\n")
+  end
   local ok_le, le = pcall(require, "tide.lineedit")
   if not ok_le then le = nil end
   local interactive = le and le.isatty(0) or false
@@ -112,9 +123,9 @@ function M.run(argv)
     out:write(string.format(fmt, ...), "\n")
     out:flush()
   end
-  local debug_on = os.getenv("TIDE_DEBUG") ~= nil
+  local errors = require("tide.errors")
   local function warn(msg)
-    if not debug_on then msg = msg:gsub("\nstack traceback:.*$", "") end
+    if not errors.traceback_wanted() then msg = errors.clean(msg) end
     io.stderr:write(msg, "\n")
     io.stderr:flush()
   end

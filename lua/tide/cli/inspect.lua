@@ -36,7 +36,7 @@ local function shape_str(s)
   return "[" .. table.concat(p, ", ") .. "]"
 end
 
--- the config in a few lines
+-- the config in a few lines (also tide.describe's long form of a model)
 local function config_lines(c, given)
   local ratios = {}
   for i, r in ipairs(c.compress_ratios) do
@@ -80,6 +80,8 @@ local function config_lines(c, given)
   end
   return lines
 end
+
+M.config_lines = config_lines
 
 function M.run(argv)
   local o, pos = args.parse(argv, spec, "inspect")
