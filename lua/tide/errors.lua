@@ -35,11 +35,15 @@ function M.clean(e)
     e = ok and pretty.format(e) or tostring(e)
   end
   e = e:gsub("\nstack traceback:.*$", "")
-  e = e:gsub("([^%s:\"'(]*%.lua):(%d+):%s*", function(path, line)
-    if internal(path) then return "" end
-    return path .. ", line " .. line .. ": "
+  e = e:gsub("([^%s:\"'(]*%.lua):(%d+)(:?)%s*", function(path, line, colon)
+    if internal(path) then return colon == ":" and "" or path:match("[^/]*$") end
+    return path .. ", line " .. line .. (colon == ":" and ": " or "")
   end)
   e = e:gsub("%[string \"[^\"]*\"%]:%d+:%s*", "")
+  -- the C core names its function first ("tide_ckpt_open: ..."): not for users
+  e = e:gsub("tide_[%w_]+: ", "")
+  -- ... and so do a few of its internal helpers ("open_shard: FILE: ...")
+  e = e:gsub("^[%l%d]+_[%l%d_]*: (/)", "%1")
   return e
 end
 

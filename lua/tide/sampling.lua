@@ -423,7 +423,11 @@ function M.load(path, opts)
   if type(path) ~= "string" then error("load(path): path must be a string", 2) end
   opts = opts or {}
   local mt, size = core.file_stamp(path)
-  if not mt then return nil, "sampler file " .. tostring(size) end
+  if not mt then
+    local fh, ferr = io.open(path, "rb")
+    if fh then fh:close() end
+    return nil, "sampler file " .. tostring(ferr or size)
+  end
   local s, hash = compile(path)
   if not s then return nil, hash end
   s.source = path

@@ -7,6 +7,7 @@
 -- per turn or command, no prompt.
 local args = require("tide.cli.args")
 local sampling = require("tide.sampling")
+local errors = require("tide.errors")
 
 local spec = {
   model = { type = "string", meta = "DIR",
@@ -123,7 +124,6 @@ function M.run(argv)
     out:write(string.format(fmt, ...), "\n")
     out:flush()
   end
-  local errors = require("tide.errors")
   local function warn(msg)
     if not errors.traceback_wanted() then msg = errors.clean(msg) end
     io.stderr:write(msg, "\n")
@@ -132,7 +132,7 @@ function M.run(argv)
 
   local model, err = tide.model(o.model, { max_tokens = math.max(1, math.floor(o.chunk)),
     cache = { context = o.context, max_seqs = 16 } })
-  if not model then args.fail("chat: " .. tostring(err), 1) end
+  if not model then args.fail("chat: cannot load the model: " .. tostring(err), 1) end
   if not model.tokenizer then args.fail("chat: " .. o.model .. " has no tokenizer.json", 1) end
   local tok = model.tokenizer
 
@@ -154,7 +154,7 @@ function M.run(argv)
   local s
   if o.load then
     s, err = tide.session_load(model, o.load, sess_opts)
-    if not s then args.fail("chat: " .. tostring(err), 1) end
+    if not s then args.fail("chat: cannot load the session --load " .. o.load .. ": " .. errors.clean(tostring(err)), 1) end
   else
     s, err = model:session{ system = o.system, sampler = o.sampler or sopts, seed = o.seed,
       max_tokens = o.n_predict or o.max_tokens, stop = o.stop, ignore_eos = o.ignore_eos, thinking = o.thinking,
@@ -191,7 +191,7 @@ function M.run(argv)
     if r.finish_reason == "interrupted" then
       write("\n[interrupted]\n")
     elseif r.finish_reason == "error" then
-      write("\n[sampling failed: " .. tostring(r.error) .. "]\n")
+      write("\n[sampling failed: " .. errors.clean(tostring(r.error)) .. "]\n")
     else
       write("\n")
     end
@@ -216,7 +216,7 @@ function M.run(argv)
   end
   function cmd.fork()
     local f, ferr = s:fork()
-    if not f then say("[fork failed: %s]", tostring(ferr)) return end
+    if not f then say("[fork failed: %s]", errors.clean(tostring(ferr))) return end
     branches[#branches + 1] = f
     say("[branch %d forked from branch %d at %d tokens; /switch %d goes back]", #branches, cur, f:len(), cur)
     cur, s = #branches, f
@@ -235,10 +235,10 @@ function M.run(argv)
     end
   end
   function cmd.sampler(a)
-    if not a or a == "" then say("[sampler: %s]", s.sampler:describe()) return end
+    if not a or a == "" then say("[sampler: %s]", errors.clean(s.sampler:describe())) return end
     local okk, e = s:set_sampler(a)
-    if not okk then say("[sampler not changed: %s]", tostring(e)) return end
-    say("[sampler: %s (reloaded when %s changes)]", s.sampler:describe(), a)
+    if not okk then say("[sampler not changed: %s]", errors.clean(tostring(e))) return end
+    say("[sampler: %s (reloaded when %s changes)]", errors.clean(s.sampler:describe()), a)
   end
   function cmd.set(a)
     if not a or a == "" then
@@ -252,6 +252,12 @@ function M.run(argv)
     end
     local k, v = a:match("^(%S+)%s+(.-)%s*$")
     if not k then say("[usage: /set KEY VALUE]") return end
+    local so = sampling.options[k:gsub("%-", "_")]
+    local want = so and so.type or (k == "max_tokens" or k == "seed") and "number" or nil
+    if want == "number" and type(value_of(v)) ~= "number" then
+      say("[/set %s: expected a number, got '%s']", k, v)
+      return
+    end
     s:set({ [k] = value_of(v) })
     say("[%s = %s; sampler: %s]", k, v, s.sampler:describe())
   end
@@ -270,7 +276,7 @@ function M.run(argv)
     end
     if #s.toks == 0 then say("[nothing to inspect yet]") return end
     local rep, ierr = s:inspect({ layer = L, token = T })
-    if not rep then say("[inspect failed: %s]", tostring(ierr)) return end
+    if not rep then say("[inspect failed: %s]", errors.clean(tostring(ierr))) return end
     say("%s", sanitize(require("tide.inspect").format(rep, { layer = L, tokenizer = tok })))
   end
   function cmd.trace(a)
@@ -321,13 +327,13 @@ function M.run(argv)
   function cmd.save(a)
     if not a or a == "" then say("[usage: /save PATH]") return end
     local okk, e = s:save(a)
-    if not okk then say("[save failed: %s]", tostring(e)) return end
+    if not okk then say("[save failed: %s]", errors.clean(tostring(e))) return end
     say("[saved %d tokens, %d exchanges to %s]", s:len(), #s.turns, a)
   end
   function cmd.load(a)
     if not a or a == "" then say("[usage: /load PATH]") return end
     local ns, e = tide.session_load(model, a, sess_opts)
-    if not ns then say("[load failed: %s]", tostring(e)) return end
+    if not ns then say("[load failed: %s]", errors.clean(tostring(e))) return end
     s:close()
     branches[cur], s = ns, ns
     say("[loaded %d tokens, %d exchanges from %s (%s)]", s:len(), #s.turns, a, s.loaded)
@@ -374,7 +380,7 @@ function M.run(argv)
         else
           local okc, res = xpcall(function() return f(rest) end, debug.traceback)
           if not okc then
-            warn("[/" .. name .. " failed: " .. tostring(res) .. "]")
+            warn("[/" .. name .. " failed: " .. (errors.traceback_wanted() and tostring(res) or errors.clean(res)) .. "]")
           elseif res == "quit" then
             break
           end
@@ -382,7 +388,9 @@ function M.run(argv)
       elseif line:match("%S") then
         if le then le.interrupted() end
         local okc, res = xpcall(function() return s:say(line) end, debug.traceback)
-        if okc then reply_done(res) else warn("[error: " .. tostring(res) .. "]") end
+        if okc then reply_done(res) else
+          warn("[error: " .. (errors.traceback_wanted() and tostring(res) or errors.clean(res)) .. "]")
+        end
       end
     end
     out:flush()

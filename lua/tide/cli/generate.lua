@@ -63,7 +63,7 @@ function M.run(argv)
   -- a small probe of the prompt length decides the cache size
   local model, err = tide.model(o.model, { max_tokens = chunk,
     cache = { context = 4096, max_seqs = 2, seq_budget = 1 }, tokenizer = true })
-  if not model then args.fail(err, 1) end
+  if not model then args.fail("cannot load the model: " .. tostring(err), 1) end
   local tok = model.tokenizer
   local ids
   if o.tokens then
@@ -89,7 +89,7 @@ function M.run(argv)
   if need > 4096 then
     model:close()
     model, err = tide.model(o.model, { max_tokens = chunk, cache = { context = need, max_seqs = 2, seq_budget = 1 } })
-    if not model then args.fail(err, 1) end
+    if not model then args.fail("cannot load the model: " .. tostring(err), 1) end
     tok = model.tokenizer
   end
   local sampler, serr = sampling.from_options(o, { tokenizer = tok })
@@ -116,13 +116,13 @@ function M.run(argv)
     n = n + 1
     if reason then break end
     local res, serr2 = model:step({ { seq = seq, tokens = { id }, logits = "last" } })
-    if not res then io.stderr:write("\ngenerate: ", tostring(serr2), "\n") break end
+    if not res then io.stderr:write("\ntide generate: ", require("tide.errors").clean(tostring(serr2)), "\n") break end
     row = res[1]
   end
   local t2 = tide.time()
   io.write("\n")
   if gen.finish_reason == "error" then
-    io.stderr:write("generate: ", tostring(gen.error), "\n")
+    io.stderr:write("tide generate: ", require("tide.errors").clean(tostring(gen.error)), "\n")
     return 1
   end
   if o.show_logprobs and gen.logprobs then

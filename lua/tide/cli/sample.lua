@@ -47,7 +47,7 @@ local function lab_mode(o)
     io.stderr:write("tide sample: using the default model ", o.model, " (--model DIR picks another)\n")
   end
   local model, err = tide.model(o.model, { max_tokens = 512, cache = { context = 4096, max_seqs = 8, seq_budget = 3 } })
-  if not model then args.fail("sample: " .. tostring(err), 1) end
+  if not model then args.fail("sample: cannot load the model: " .. tostring(err), 1) end
   local prompt = o.prompt
   if o.tokens then
     prompt = {}
@@ -95,13 +95,13 @@ function M.run(argv)
   if not s then args.fail("sample: " .. tostring(err), 1) end
   local so = sampling.state_options(o)
   local st = s:new_state(so)
-  io.write("sampler: ", s:describe(), "\nseed: ", string.format("%.0f", st.seed), "\n")
+  io.write("sampler: ", require("tide.errors").clean(s:describe()), "\nseed: ", string.format("%.0f", st.seed), "\n")
   local logits = tide.zeros(o.vocab)
   for i = 0, o.n - 1 do
     logits:normal(o.logits_seed + i, 0, o.sigma)
     local tok, info = st:sample(logits)
     if not tok then
-      io.write(i, "\terror\t", info, "\n")
+      io.write(i, "\terror\t", require("tide.errors").clean(info), "\n")
       return 1
     end
     st:accept(tok)
