@@ -63,7 +63,9 @@ function M.user_traceback(tb)
       keep[#keep + 1] = line
     end
   end
-  if hidden > 0 then keep[#keep + 1] = string.format("\t(%d frames inside tide; TIDE_TRACEBACK=1 shows them)", hidden) end
+  if hidden > 0 then
+    keep[#keep + 1] = string.format("\t(%d frames inside tide; TIDE_TRACEBACK=1 shows them)", hidden)
+  end
   return M.clean(msg) .. "\nstack traceback:\n" .. table.concat(keep, "\n")
 end
 

@@ -38,7 +38,9 @@ local function label(tok, id, width)
   if not tok then return "#" .. tostring(id) end
   local ok, s = pcall(tok.decode, tok, { id })
   if not ok or s == nil then return "#" .. tostring(id) end
-  s = s:gsub("\n", "\\n"):gsub("\t", "\\t"):gsub("[%z\1-\31\127]", function(c) return "^" .. string.char(c:byte() + 64) end)
+  s = s:gsub("\n", "\\n"):gsub("\t", "\\t"):gsub("[%z\1-\31\127]", function(c)
+    return c == "\127" and "^?" or ("^" .. string.char(c:byte() + 64))
+  end)
   if s == "" then s = "#" .. tostring(id) end
   if #s > width then
     -- cut on a UTF-8 boundary
@@ -138,7 +140,9 @@ function M.run(x, opts)
   if type(steps) ~= "number" or steps < 1 or steps ~= math.floor(steps) then
     error("lab: steps must be a whole number >= 1", 2)
   end
-  if type(top) ~= "number" or top < 1 or top ~= math.floor(top) then error("lab: top must be a whole number >= 1", 2) end
+  if type(top) ~= "number" or top < 1 or top ~= math.floor(top) then
+    error("lab: top must be a whole number >= 1", 2)
+  end
   local seed = opts.seed or 1
   local eos = model.config and model.config.eos_token_id
 
@@ -196,10 +200,10 @@ function M.run(x, opts)
                 attn.sum[L] = attn.sum[L] or {}
                 for h = 1, H do
                   local a = attn.sum[L][h] or { window = 0, compressed = 0, sink = 0, n = 0 }
-                  local x = lr.heads[h]
-                  if x.window then
-                    a.window, a.compressed, a.sink = a.window + x.window, a.compressed + (x.compressed or 0),
-                      a.sink + (x.sink or 0)
+                  local hd = lr.heads[h]
+                  if hd.window then
+                    a.window, a.compressed, a.sink = a.window + hd.window, a.compressed + (hd.compressed or 0),
+                      a.sink + (hd.sink or 0)
                     a.n = a.n + 1
                   end
                   attn.sum[L][h] = a
@@ -412,8 +416,8 @@ function Result:html()
         { title = "entropy per step (nats)" }),
       rep.lines({ { name = "p of the chosen token", values = p, class = "s3" } },
         { title = "probability of the chosen token", ymax = 1 }),
-      rep.lines({ { name = "model rank of the chosen token", values = rank, class = "s2" } },
-        { title = "rank of the chosen token under the model (0 = most likely; log scale)", log = true }))
+      rep.lines({ { name = "rank (0 = most likely)", values = rank, class = "s2" } },
+        { title = "model rank of the chosen token (log scale)", log = true }))
   end
   sections[#sections + 1] = { title = "Over the generation", html = '<div class="cols">' .. table.concat(cols, "\n")
     .. "</div>" }

@@ -27,7 +27,8 @@ one-line summary; describe(x) or x:describe() gives the long form.
   ck = tide.load("DIR")                  a checkpoint: ck:summary()  ck:tensor("embed.weight")
   t = tide.randn({4, 4}, { seed = 1 })   tensors: t:to("bf16")  t:topk(3)  tide.matmul(t, t)
   tide.threads(2)  tide.alloc_stats()    threads, live allocations
-  =expr prints a value; $ cmd runs a shell command; `tide help` in a shell lists the subcommands.
+  =expr prints a value, ==expr its long form; $ cmd runs a shell command; `tide help` in a shell lists
+  the subcommands.
 Errors show what went wrong in your code; TIDE_TRACEBACK=1 shows tide's own frames too.]]
 
 function M.help_text() return HELP end
@@ -106,6 +107,9 @@ end
 -- Compile `src` as an expression list first (so `1+1` prints 2), then as a
 -- statement. Returns chunk, or nil, message, incomplete.
 function M.compile(src)
+  -- ==expr: the long form of the value (tide.describe)
+  local long = src:match("^%s*==(.*)$")
+  if long then src = "return require('tide.describe').long(" .. long .. "\n)" end
   local expr = src:match("^%s*=(.*)$")
   if expr then src = "return " .. expr end
   if loadstring("return " .. src .. "\n", "=stdin") then

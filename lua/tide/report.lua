@@ -103,16 +103,20 @@ function M.heatmap(values, opts)
     if not opts.max then for _, v in ipairs(r) do if v == v and v > max then max = v end end end
   end
   if max <= 0 then max = 1 end
-  local cell = opts.cell or math.max(4, math.min(22, math.floor(480 / math.max(cols, 1))))
+  local cell = opts.cell or math.max(4, math.min(24, math.floor(720 / math.max(cols, 1))))
   local L, T = 56, 24
-  local W, H = L + cols * cell + 8, T + rows * cell + 20
+  local W, H = math.max(L + cols * cell + 8, 260), T + rows * cell + 20
+  -- label every row when rows are tall enough for the text, else every k-th
+  local every = math.ceil(12 / cell)
   local out = { string.format('<svg class="heat" xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" '
     .. 'viewBox="0 0 %d %d" role="img">', W, H, W, H) }
   out[#out + 1] = string.format('<text x="0" y="14" class="t">%s</text>', esc(opts.title or ""))
   for i, r in ipairs(values) do
     local y = T + (i - 1) * cell
-    out[#out + 1] = string.format('<text x="%d" y="%s" class="a" text-anchor="end">%s</text>', L - 4,
-      f(y + cell * 0.75), esc(opts.row_label and opts.row_label(i) or tostring(i - 1)))
+    if (i - 1) % every == 0 then
+      out[#out + 1] = string.format('<text x="%d" y="%s" class="a" text-anchor="end">%s</text>', L - 4,
+        f(y + math.max(cell, 10) * 0.75), esc(opts.row_label and opts.row_label(i) or tostring(i - 1)))
+    end
     for j = 1, cols do
       local v = r[j]
       local a = (v and v == v) and math.max(0, math.min(1, v / max)) or 0
@@ -126,8 +130,8 @@ function M.heatmap(values, opts)
         (v and v == v) and string.format("%.3f", v) or "-")
     end
   end
-  out[#out + 1] = string.format('<text x="%d" y="%d" class="a">%s</text>', L, H - 4,
-    esc(opts.xlabel or string.format("0..%d", cols - 1)))
+  out[#out + 1] = string.format('<text x="%d" y="%d" class="a">%s; white 0, darkest %s</text>', L, H - 4,
+    esc(opts.xlabel or string.format("0..%d", cols - 1)), string.format("%.3g", max))
   out[#out + 1] = "</svg>"
   return table.concat(out, "\n")
 end
@@ -142,7 +146,8 @@ h1 { font-size: 20px; } h2 { font-size: 17px; margin-top: 28px; border-bottom: 1
 svg { display: block; margin: 6px 0; }
 svg text { font: 11px monospace; fill: #333; } svg .t { font: bold 12px sans-serif; }
 .bar { fill: #4a7bd0; } .bar.mark { fill: #d0694a; } .axis { stroke: #888; }
-svg polyline.line { fill: none; stroke-width: 1.6; } .s1 { stroke: #4a7bd0; fill: #4a7bd0; } .s2 { stroke: #d0694a; fill: #d0694a; }
+svg polyline.line { fill: none; stroke-width: 1.6; }
+.s1 { stroke: #4a7bd0; fill: #4a7bd0; } .s2 { stroke: #d0694a; fill: #d0694a; }
 .s3 { stroke: #3a9a5a; fill: #3a9a5a; } svg text.k { font: 11px sans-serif; stroke: none; }
 .tok { font-family: monospace; white-space: pre-wrap; padding: 1px 0; border-radius: 2px; }
 .gen { line-height: 1.9; }

@@ -84,12 +84,13 @@ local CASES = {
   { { "sample", "--model", TINY, "--tokens", "1", "--vs", NOPE .. ".lua" }, { "--vs", NOPE .. ".lua" } },
   { { "sample", "--model", TINY, "--tokens", "1", "--sampler", RAISE }, { "my stage broke", "chain A" } },
   { { "sample", "--report", TMP .. "/r.html" }, { "--report", "--prompt" } },
-  { { "batch", "--model", TINY, "--input", NOPE }, { NOPE, "--input" } },
+  { { "batch", "--model", TINY, "--input", NOPE }, { NOPE, "cannot open" } },
   { { "batch", "--model", TINY, "--input", LINES, "--policy", "nosuch", "--quiet" }, { "nosuch" } },
   { { "batch", "--model", TINY, "--input", LINES, "--output", TMP .. "/p.jsonl", "--policy", POLICY, "--quiet" },
     { "policy bug", "policy.lua, line 1" } },
   { { "batch", "--model", TINY, "--input", LINES, "--output", TMP .. "/out.jsonl", "--quiet" },
-    { "line 2: malformed JSON", "line 3: token 999999", "line 4: unknown field 'bogus'", "line 5:", "my stage broke" } },
+    { "line 2: malformed JSON", "line 3: token 999999", "line 4: unknown field 'bogus'", "line 5:",
+      "my stage broke" } },
   { { "chat", "--model", NOPE }, { NOPE } },
   { { "chat", "--model", DEMO, "--load", NOPE }, { "--load", NOPE } },
   { { "chat", "--model", DEMO, "--max-tokens", "-5" }, { "--max-tokens", "'-5'" } },
@@ -157,7 +158,8 @@ end }
     assert.equals(1, rc)
     assert.matches("^tide boom: .-attempt to index local 't'", out)
     assert.is_nil(out:find("stack traceback", 1, true), out)
-    for _, v in ipairs({ { { "boom", "-v" }, "" }, { { "boom", "--verbose" }, "" }, { { "boom" }, "TIDE_TRACEBACK=1 " } }) do
+    local ways = { { { "boom", "-v" }, "" }, { { "boom", "--verbose" }, "" }, { { "boom" }, "TIDE_TRACEBACK=1 " } }
+    for _, v in ipairs(ways) do
       out, rc = run(v[1], env .. v[2])
       assert.equals(1, rc)
       assert.truthy(out:find("stack traceback", 1, true), out)

@@ -57,6 +57,9 @@ describe("objects introduce themselves", function()
     out.text = ""
     assert.is_true(repl.eval("workbench_m:describe()", out))
     assert.equals(long .. "\n", out.text)
+    out.text = ""
+    assert.is_true(repl.eval("==workbench_m", out))
+    assert.equals(long .. "\n", out.text)
     -- inside a table, objects stay one line
     local t = pretty.format({ model = m, n = 1 })
     assert.truthy(select(2, t:gsub("\n", "")) <= 4, t)
@@ -178,6 +181,14 @@ describe("the sampler lab", function()
     s:close()
     m:close()
   end)
+
+  it("runs from tide chat on the conversation (/lab)", function()
+    local input = write("chat_lab.txt", "hello\n/lab 2\n/lab 0\n/quit\n")
+    local out, rc = sh(q(EXE) .. " chat --model " .. q(DEMO) .. " --max-tokens 2 --top-k 10 < " .. q(input))
+    assert.equals(0, rc, out)
+    has(out, "sampler lab: ", "chain A: top_k(k = 10)", "after top_k (10 of 129,280 kept",
+      "[usage: /lab [N] [FILE.html]]")
+  end)
 end)
 
 -- ---------------------------------------------------------------- PNG check
@@ -206,7 +217,8 @@ local function read_png(path)
   assert.equals(0, interlace)
   local bpp = ({ [2] = 3, [6] = 4 })[ctype]
   assert.truthy(bpp, "color type " .. tostring(ctype))
-  pcall(ffi.cdef, "int uncompress(uint8_t *dest, unsigned long *destLen, const uint8_t *source, unsigned long sourceLen);")
+  pcall(ffi.cdef, "int uncompress(uint8_t *dest, unsigned long *destLen, const uint8_t *source, "
+    .. "unsigned long sourceLen);")
   local z = ffi.load("libz.so.1")
   local src = table.concat(idat)
   local stride = w * bpp

@@ -56,7 +56,9 @@ function M.parse(argv, spec, cmd)
         if val == nil then
           i = i + 1
           val = argv[i]
-          if val == nil then M.fail("option --" .. name .. " needs a value" .. (s.meta and (" (" .. s.meta .. ")") or "")) end
+          if val == nil then
+            M.fail("option --" .. name .. " needs a value" .. (s.meta and (" (" .. s.meta .. ")") or ""))
+          end
         end
         if s.type == "number" then
           local n = tonumber(val)
@@ -79,8 +81,8 @@ function M.parse(argv, spec, cmd)
   end
   for k, s in pairs(spec) do
     if s.required and out[k] == nil then
-      M.fail((cmd and (cmd .. ": ") or "") .. "missing required option --" .. k:gsub("_", "-") .. (s.meta and (" " .. s.meta) or "")
-        .. (s.help and (" (" .. s.help .. ")") or ""))
+      M.fail((cmd and (cmd .. ": ") or "") .. "missing required option --" .. k:gsub("_", "-")
+        .. (s.meta and (" " .. s.meta) or "") .. (s.help and (" (" .. s.help .. ")") or ""))
     end
   end
   return out, pos

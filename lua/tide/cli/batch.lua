@@ -260,7 +260,7 @@ function M.run(argv)
   if o.input == "-" then inf = io.stdin else
     local err
     inf, err = io.open(o.input, "rb")
-    if not inf then args.fail("batch: cannot open --input " .. tostring(err), 1) end
+    if not inf then args.fail("batch: cannot open " .. tostring(err), 1) end
   end
   local lines = {}
   local n = 0
@@ -279,7 +279,7 @@ function M.run(argv)
   if o.output == "-" then out = io.stdout else
     local err
     out, err = io.open(o.output, "wb")
-    if not out then args.fail("batch: cannot write --output " .. tostring(err), 1) end
+    if not out then args.fail("batch: cannot write " .. tostring(err), 1) end
   end
   -- submit everything; bad lines get their error now
   local samplers = {}

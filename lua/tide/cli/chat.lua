@@ -54,6 +54,9 @@ commands:
   /inspect [L] [T]      the sparse attention and routing of token T (default the
                         latest): all layers, or layer L in detail
   /trace [N]            the sampler trace of the last token (or the last N)
+  /lab [N] [FILE.html]  the sampler lab on the conversation: how each stage of the
+                        sampler reshapes the next token's distribution, N tokens
+                        (default 4), optionally an HTML report
   /stats                tokens, cache blocks, speed
   /history              the conversation so far
   /ids [N]              token ids of the last reply (or of the last N tokens)
@@ -66,7 +69,7 @@ commands:
 Ctrl-C stops a reply being generated.]]
 
 local COMMANDS = { "/help", "/undo", "/regen", "/fork", "/switch", "/branches", "/sampler", "/set", "/peek", "/inspect",
-  "/trace", "/stats", "/history", "/ids", "/system", "/clear", "/save", "/load", "/lua", "/quit", "/exit" }
+  "/trace", "/lab", "/stats", "/history", "/ids", "/system", "/clear", "/save", "/load", "/lua", "/quit", "/exit" }
 
 -- Control bytes a model emits must not drive the terminal (escape
 -- sequences): they are shown as ^X; newlines and tabs pass.
@@ -154,7 +157,9 @@ function M.run(argv)
   local s
   if o.load then
     s, err = tide.session_load(model, o.load, sess_opts)
-    if not s then args.fail("chat: cannot load the session --load " .. o.load .. ": " .. errors.clean(tostring(err)), 1) end
+    if not s then
+      args.fail("chat: cannot load the session --load " .. o.load .. ": " .. errors.clean(tostring(err)), 1)
+    end
   else
     s, err = model:session{ system = o.system, sampler = o.sampler or sopts, seed = o.seed,
       max_tokens = o.n_predict or o.max_tokens, stop = o.stop, ignore_eos = o.ignore_eos, thinking = o.thinking,
@@ -284,6 +289,17 @@ function M.run(argv)
     if #t == 0 then say("[no trace yet]") return end
     say("%s", sanitize(sampling.format_trace(t, tok)))
   end
+  function cmd.lab(a)
+    local n, file
+    for w in (a or ""):gmatch("%S+") do
+      if tonumber(w) then n = tonumber(w) else file = w end
+    end
+    if #s.toks == 0 then say("[nothing to look at yet: say something first]") return end
+    if n and (n < 1 or n ~= math.floor(n)) then say("[usage: /lab [N] [FILE.html]]") return end
+    local okl, res = pcall(require("tide.lab").run, s, { steps = n or 4, report = file, quiet = true })
+    if not okl then say("[lab failed: %s]", errors.clean(tostring(res))) return end
+    say("%s", sanitize(res:format()))
+  end
   function cmd.stats()
     local st = s:stats()
     local pool = st.pool
@@ -380,7 +396,8 @@ function M.run(argv)
         else
           local okc, res = xpcall(function() return f(rest) end, debug.traceback)
           if not okc then
-            warn("[/" .. name .. " failed: " .. (errors.traceback_wanted() and tostring(res) or errors.clean(res)) .. "]")
+            local msg = errors.traceback_wanted() and tostring(res) or errors.clean(res)
+            warn("[/" .. name .. " failed: " .. msg .. "]")
           elseif res == "quit" then
             break
           end

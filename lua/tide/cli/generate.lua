@@ -36,7 +36,8 @@ local function parse_ids(s)
   for w in s:gmatch("[^,%s]+") do
     local v = tonumber(w)
     if not v or v ~= math.floor(v) then
-      args.fail("generate: '" .. w .. "' in --tokens is not a token id (expected whole numbers separated by commas or spaces)")
+      args.fail("generate: '" .. w .. "' in --tokens is not a token id "
+        .. "(expected whole numbers separated by commas or spaces)")
     end
     ids[#ids + 1] = v
   end

@@ -39,7 +39,9 @@ local M = {
 
 local function lab_mode(o)
   local tide = require("tide")
-  if (o.prompt == nil) == (o.tokens == nil) then args.fail("sample: give exactly one of --prompt TEXT or --tokens IDS") end
+  if (o.prompt == nil) == (o.tokens == nil) then
+    args.fail("sample: give exactly one of --prompt TEXT or --tokens IDS")
+  end
   if not o.model then
     local derr
     o.model, derr = tide.default_model()
