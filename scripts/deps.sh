@@ -1,9 +1,11 @@
 #!/bin/sh
 # Install what tide needs and this machine lacks: Debian packages by name
 # (idempotent, silent when everything is present). Run as root, or with sudo.
+# chromium: headless, it opens the sampler lab's HTML report in the tests.
 set -e
 PKGS="cmake make gcc pkg-config luajit libluajit-5.1-dev libdnnl-dev lua-busted lua-cjson libcjson-dev \
-libedit-dev libpcre2-dev libmicrohttpd-dev ocl-icd-opencl-dev python3-numpy lua-check clang libclang-rt-14-dev nodejs npm"
+libedit-dev libpcre2-dev libmicrohttpd-dev ocl-icd-opencl-dev python3-numpy lua-check clang libclang-rt-14-dev nodejs npm \
+chromium"
 
 missing=""
 for p in $PKGS; do

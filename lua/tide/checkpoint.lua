@@ -299,11 +299,8 @@ function Ckpt:close()
   C.tide_ckpt_free(ffi.gc(h, nil))
 end
 
-function Ckpt:__tostring()
-  if self._h == nil then return "tide.checkpoint(" .. self.path .. ", closed)" end
-  return string.format("tide.checkpoint(%s, %d tensors, %d shards)", self.path, self:count(),
-    C.tide_ckpt_shard_count(self._h))
-end
+function Ckpt:__tostring() return require("tide.describe").checkpoint(self) end
+function Ckpt:describe() return require("tide.describe").checkpoint_long(self) end
 
 M.Checkpoint = Ckpt
 

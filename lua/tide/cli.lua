@@ -114,19 +114,27 @@ local function run_command(name, mod, argv)
   for i = 2, table.maxn(argv) do rest[#rest + 1] = argv[i] end
   set_arg(argv, 1)
   arm()
+  local errors = require("tide.errors")
   local ok, res = xpcall(function() return mod.run(rest) end, function(e)
     -- errors raised as {tide_user_error = true, msg = ...} (tide.cli.args)
-    -- are user errors: no traceback unless TIDE_DEBUG is set
-    if type(e) == "table" and e.tide_user_error and not os.getenv("TIDE_DEBUG") then return e end
-    return traceback(e)
+    -- are user errors; anything else was raised deeper (a misuse caught
+    -- late, a bug): the message is cleaned of tide's file:line positions and
+    -- the traceback kept for -v / TIDE_TRACEBACK=1
+    if type(e) == "table" and (e.tide_user_error or e.tide_help) then return e end
+    return { msg = errors.clean(e), traceback = traceback(e), status = 1 }
   end)
   if not ok then
-    if type(res) == "table" then
-      io.stderr:write("tide ", name, ": ", tostring(res.msg), "\n")
-      return res.status or 1
+    if res.tide_help then
+      print(mod.usage or mod.summary or ("tide " .. name))
+      return 0
     end
-    io.stderr:write("tide ", name, ": ", tostring(res), "\n")
-    return 1
+    local msg = tostring(res.msg):gsub("^" .. name:gsub("%p", "%%%0") .. ": ", "")
+    if errors.traceback_wanted() and res.traceback then
+      io.stderr:write("tide ", name, ": ", res.traceback, "\n")
+    else
+      io.stderr:write("tide ", name, ": ", errors.clean(msg), "\n")
+    end
+    return res.status or 1
   end
   return tonumber(res) or 0
 end

@@ -755,5 +755,10 @@ function Request:result()
   }
 end
 
+-- one-line summaries and the long form live in tide.describe
+Engine.__tostring = function(e) return require("tide.describe").engine(e) end
+function Engine:describe() return require("tide.describe").engine_long(self) end
+Request.__tostring = function(r) return require("tide.describe").request(r) end
+
 setmetatable(M, { __call = function(_, ...) return M.new(...) end })
 return M

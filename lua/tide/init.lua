@@ -45,16 +45,34 @@ function tide.cpu() return ffi.string(C.tide_cpu_features()) end
 function tide.reference_kernels(on) return C.tide_kernels_force_ref(on and 1 or 0) == 1 end
 function tide.last_error() return tffi.last_error() end
 
-function tide.help()
-  print([[
-tide: a CPU inference engine for DeepSeek-V4-class models, driven from LuaJIT.
-Tensors (0-based indices, like the C core):
-  t = tide.zeros(2, 3)            tide.tensor({{1, 2}, {3, 4}}, "bf16")
-  tide.randn({4, 4}, {seed = 1})  t:shape()  #t  t[i][j]  t:narrow(d, start, len)
-  t:to("bf16")  t:argmax()  t:topk(5)  t:softmax()  a + b  tide.matmul(a, b)
-Threads:  tide.threads(), tide.threads(2)
-Memory:   tide.alloc_stats()
-Commands: run `tide help` in a shell for the subcommands.]])
+function tide.help() print(require("tide.repl").help_text()) end
+
+-- The model every entry point uses when none is given (`make run`, tide.model(),
+-- tide chat, tide generate): $TIDE_MODEL when set, else build/models/demo,
+-- generated on first use by scripts/make_checkpoint.lua (DeepSeek-V4 wiring
+-- at tiny sizes, DeepSeek's real tokenizer, random weights). The one place
+-- to change when a trained default model lands. Returns the directory, or
+-- nil, message when it cannot be made.
+function tide.default_model(opts)
+  opts = opts or {}
+  local env = os.getenv("TIDE_MODEL")
+  if env and env ~= "" then return env end
+  local exe = rawget(_G, "_TIDE_EXE")
+  local lua_dir = exe and exe.lua_dir or (debug.getinfo(1, "S").source:sub(2):match("^(.*)/tide/[^/]*$") or "lua")
+  local root = lua_dir:match("^(.*)/lua/?$") or "."
+  local dir = root .. "/build/models/demo"
+  local f = io.open(dir .. "/config.json", "rb")
+  if f then f:close() return dir end
+  if opts.generate == false then return nil, "the default model " .. dir .. " has not been generated yet" end
+  io.stderr:write("tide: generating the default model in " .. dir .. " (once)\n")
+  local mk, lerr = loadfile(root .. "/scripts/make_checkpoint.lua")
+  if not mk then return nil, "cannot generate the default model: " .. tostring(lerr) end
+  local saved = rawget(_G, "arg")
+  _G.arg = { [0] = root .. "/scripts/make_checkpoint.lua", "--preset", "demo", "--out", dir, "--quiet" }
+  local ok, err = pcall(mk)
+  _G.arg = saved
+  if not ok then return nil, "cannot generate the default model: " .. tostring(err) end
+  return dir
 end
 
 -- Subsystems loaded on first use: tide.<name> -> require(module)[field].
@@ -74,6 +92,8 @@ local lazy = {
   ops = { "tide.ops" },
   quant = { "tide.quant" },
   chat = { "tide.chat" },
+  describe = { "tide.describe", "long" },
+  lab = { "tide.lab" },
 }
 tide._lazy = lazy
 

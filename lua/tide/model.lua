@@ -72,6 +72,13 @@ end
 --   tokenizer    false to skip loading the model directory's tokenizer
 --   prefault     true: touch every weight page up front (progress bar on a tty)
 function M.load(path, opts)
+  if type(path) == "table" and not path.tensor and opts == nil then path, opts = nil, path end
+  if path == nil then -- tide.model(): the default model (tide.default_model), named on stderr
+    local derr
+    path, derr = tide.default_model()
+    if not path then return nil, derr end
+    io.stderr:write("tide: using the default model " .. path .. "\n")
+  end
   opts = opts or {}
   local ck, err
   if type(path) == "table" and path.tensor then
@@ -761,6 +768,11 @@ function Model:close()
   for _, s in pairs(self._seqs) do s:free() end
   self._refs = nil
 end
+
+-- one-line summaries and the long form live in tide.describe
+Model.__tostring = function(m) return require("tide.describe").model(m) end
+function Model:describe() return require("tide.describe").model_long(self) end
+Seq.__tostring = function(s) return require("tide.describe").sequence(s) end
 
 setmetatable(M, { __call = function(_, ...) return M.load(...) end })
 return M

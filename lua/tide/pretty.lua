@@ -1,5 +1,6 @@
--- tide.pretty: how the REPL shows values: tensors as torch7 did, tables
--- nested with sorted keys and a depth/size limit, strings quoted.
+-- tide.pretty: how the REPL shows values: tensors as torch7 did, tide's
+-- objects by their one-line summary (tide.describe), tables nested with
+-- sorted keys and a depth/size limit, strings quoted.
 local M = {}
 
 local function is_ident(k) return type(k) == "string" and k:match("^[%a_][%w_]*$") end
@@ -10,6 +11,8 @@ local function fmt(v, depth, seen, indent)
   if t == "cdata" then
     local ok, tensor = pcall(require, "tide.tensor")
     if ok and tensor.is_tensor(v) then return tensor.format(v) end
+    local okf, tffi = pcall(require, "tide.ffi")
+    if okf and tffi.ffi.istype("tide_kvcache*", v) then return require("tide.describe").cache(v) end
     return tostring(v)
   end
   if t ~= "table" then return tostring(v) end
@@ -17,6 +20,9 @@ local function fmt(v, depth, seen, indent)
   if mt and mt.__tostring then return tostring(v) end
   if seen[v] then return "<cycle>" end
   if depth > 3 then return "{...}" end
+  -- an object (a table with a metatable) inside another value: its fields
+  -- are its business; show that it is there, not its insides
+  if mt and depth > 0 then return "{...}" end
   seen[v] = true
   local keys, n = {}, #v
   for k in pairs(v) do

@@ -3,10 +3,35 @@
 -- chunks may span lines; `=expr` and bare expressions print their values;
 -- errors print a traceback and the session goes on; Ctrl-C cancels the line
 -- being typed or interrupts the running chunk; Ctrl-D leaves; `$ cmd` runs a
--- shell command. `tide` is a global.
+-- shell command. `tide` is a global, and so are help() (the main entry
+-- points, one example each) and describe(x) (the long form of any object;
+-- tide's objects print a one-line summary).
 local M = {}
 
 local pretty = require("tide.pretty")
+local errors = require("tide.errors")
+
+local HELP = [[
+tide: a CPU inference engine for DeepSeek-V4-class models. Objects print a
+one-line summary; describe(x) or x:describe() gives the long form.
+  m = tide.model()                       the default model (or tide.model("DIR", {max_tokens = 256}))
+  s = m:session{ seed = 1 }              a conversation: s:say("Hello!")  s:undo()  s:regen()  s:fork()
+  s:peek(5)                              the 5 most likely next tokens, nothing committed
+  s:inspect{ layer = 1 }                 attention and routing of the latest token (tide.inspect.format)
+  tide.lab(s, { vs = {temp = 0.3} })     sampler lab: how each stage reshapes the distribution (bars)
+  tide.lab(s, { report = "lab.html" })   the same as an HTML report with pictures
+  e = tide.engine(m, { budget = 256 })   batching: h = e:submit{ prompt = "Once", max_tokens = 32 }
+  for _, t in h:stream() do io.write(t) end
+  sp = tide.sampling.chain{ tide.sampling.top_k(40), tide.sampling.temperature(0.8) }
+  tok = m.tokenizer                      tok:encode("Hello")  tok:decode({ 19923 })
+  ck = tide.load("DIR")                  a checkpoint: ck:summary()  ck:tensor("embed.weight")
+  t = tide.randn({4, 4}, { seed = 1 })   tensors: t:to("bf16")  t:topk(3)  tide.matmul(t, t)
+  tide.threads(2)  tide.alloc_stats()    threads, live allocations
+  =expr prints a value, ==expr its long form; $ cmd runs a shell command; `tide help` in a shell lists
+  the subcommands.
+Errors show what went wrong in your code; TIDE_TRACEBACK=1 shows tide's own frames too.]]
+
+function M.help_text() return HELP end
 
 local KEYWORDS = { "and", "break", "do", "else", "elseif", "end", "false", "for", "function", "if", "in",
   "local", "nil", "not", "or", "repeat", "return", "then", "true", "until", "while" }
@@ -82,6 +107,9 @@ end
 -- Compile `src` as an expression list first (so `1+1` prints 2), then as a
 -- statement. Returns chunk, or nil, message, incomplete.
 function M.compile(src)
+  -- ==expr: the long form of the value (tide.describe)
+  local long = src:match("^%s*==(.*)$")
+  if long then src = "return require('tide.describe').long(" .. long .. "\n)" end
   local expr = src:match("^%s*=(.*)$")
   if expr then src = "return " .. expr end
   if loadstring("return " .. src .. "\n", "=stdin") then
@@ -121,7 +149,10 @@ function M.eval(src, out, le)
   local n, r = pack(xpcall(f, traceback))
   if le then le.arm_interrupt(false) end
   if not r[1] then return false, r[2], false end
-  if n > 1 then
+  if n == 2 and type(r[2]) == "string" and r[2]:find("\n", 1, true) then
+    -- one text of several lines (x:describe(), a format() result): as text
+    out:write(r[2], "\n")
+  elseif n > 1 then
     local parts = {}
     for i = 2, n do parts[#parts + 1] = pretty.format(r[i]) end
     out:write(table.concat(parts, "\t"), "\n")
@@ -133,6 +164,8 @@ function M.run(opts)
   opts = opts or {}
   local tide = require("tide")
   _G.tide = tide
+  if rawget(_G, "help") == nil then _G.help = function() print(HELP) end end
+  if rawget(_G, "describe") == nil then _G.describe = function(x) print(require("tide.describe").long(x)) end end
   local ok_le, le = pcall(require, "tide.lineedit")
   if not ok_le then le = nil end
   local interactive = le and le.isatty(0) or false
@@ -149,7 +182,7 @@ function M.run(opts)
     return io.read("*l")
   end
   if interactive and not opts.quiet then
-    print(string.format("tide %s  |  %s, %s, %d threads  |  `tide` is loaded; help: tide.help()",
+    print(string.format("tide %s  |  %s, %s, %d threads  |  `tide` is loaded; help()",
       tide.version, jit and jit.version or "Lua", tide.cpu(), tide.threads()))
   end
   local buffer = nil
@@ -183,7 +216,7 @@ function M.run(opts)
             buffer = src
           else
             buffer = nil
-            io.stderr:write(tostring(err), "\n")
+            io.stderr:write(errors.user_traceback(tostring(err)), "\n")
           end
         end
       end

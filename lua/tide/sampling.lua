@@ -35,6 +35,10 @@ for _, n in ipairs(STAGES) do is_stage_name[n] = true end
 -- Stages made by these constructors are trusted to leave the candidates
 -- consistent; any other stage is checked (tide_cands_touch) after it runs.
 local builtin = setmetatable({}, { __mode = "k" })
+-- Stages print as tide.stage(top_k(k = 40)); a stage table that already
+-- has a metatable keeps it.
+local Stage = { __tostring = function(st) return require("tide.describe").stage(st) end }
+M.Stage = Stage
 setmetatable(M, {
   __index = function(t, k)
     if is_stage_name[k] then
@@ -42,6 +46,7 @@ setmetatable(M, {
       local function make(...)
         local st = f(...)
         builtin[st] = true
+        if type(st) == "table" and getmetatable(st) == nil then setmetatable(st, Stage) end
         return st
       end
       rawset(t, k, make)
@@ -79,6 +84,7 @@ local function as_stage(x, i, level)
       .. type(x), level + 1)
   end
   if type(x.name) ~= "string" then x.name = "stage" .. i end
+  if getmetatable(x) == nil then setmetatable(x, Stage) end
   return x
 end
 
@@ -114,7 +120,7 @@ function Sampler:describe()
   for _, st in ipairs(self.stages) do parts[#parts + 1] = describe_stage(st) end
   return table.concat(parts, " -> ")
 end
-Sampler.__tostring = function(self) return "tide.sampler(" .. self:describe() .. ")" end
+Sampler.__tostring = function(self) return require("tide.describe").sampler(self) end
 
 -- ---- per-request state --------------------------------------------------------------
 
@@ -157,7 +163,9 @@ local function saved_values(self)
 end
 
 -- sampler:new_state{seed = n (-1 or nil: random), logprobs = N, trace = bool,
---                   tokenizer = tok}
+--                   trace_top = N, tokenizer = tok}
+-- trace_top = N (with trace) also records the N most likely candidates of
+-- the raw row and after every stage (what the sampler lab draws).
 function Sampler:new_state(opts)
   opts = opts or {}
   local seed = opts.seed
@@ -168,6 +176,9 @@ function Sampler:new_state(opts)
   if opts.logprobs ~= nil and (type(opts.logprobs) ~= "number" or opts.logprobs < 0) then
     error("new_state: logprobs must be a number >= 0", 2)
   end
+  if opts.trace_top ~= nil and (type(opts.trace_top) ~= "number" or opts.trace_top < 0) then
+    error("new_state: trace_top must be a number >= 0", 2)
+  end
   local st = setmetatable({
     sampler = self,
     seed = seed,
@@ -177,6 +188,7 @@ function Sampler:new_state(opts)
     tokenizer = opts.tokenizer,
     logprobs = opts.logprobs,
     trace_on = opts.trace and true or false,
+    trace_top = opts.trace_top and opts.trace_top > 0 and math.floor(opts.trace_top) or nil,
     traces = {},
     n_sampled = 0,
   }, State)
@@ -184,6 +196,10 @@ function Sampler:new_state(opts)
   if st.logprobs and st.logprobs > 0 then
     st.lp_ids = ffi.new("int32_t[?]", st.logprobs)
     st.lp_vals = ffi.new("float[?]", st.logprobs)
+  end
+  if st.trace_top then
+    st.tt_ids = ffi.new("int32_t[?]", st.trace_top)
+    st.tt_vals = ffi.new("float[?]", st.trace_top)
   end
   return st
 end
@@ -219,6 +235,15 @@ local function trace_row(name, r)
     mass_raw = r.mass_raw, entropy = r.entropy }
 end
 
+-- The self.trace_top best candidates of the current set: {{id =, p =}, ...}
+-- (tide_cands_topn neither reorders nor drops candidates).
+local function top_now(self, c)
+  local k = tffi.check(C.tide_cands_topn(c, self.trace_top, self.tt_ids, self.tt_vals))
+  local out = {}
+  for j = 0, k - 1 do out[j + 1] = { id = self.tt_ids[j], p = math.exp(self.tt_vals[j]) } end
+  return out
+end
+
 local function run_chain(self, c, tr)
   local stages, ss = self.stages, self.ss
   for i = 1, #stages do
@@ -229,7 +254,10 @@ local function run_chain(self, c, tr)
     if st.user then tffi.check(C.tide_cands_touch(c)) end
     if tr then
       tffi.check(C.tide_cands_trace_end(c, trace_rec))
-      tr.stages[#tr.stages + 1] = trace_row(st.name, trace_rec)
+      local row = trace_row(st.name, trace_rec)
+      row.index = i
+      if self.trace_top then row.top = top_now(self, c) end
+      tr.stages[#tr.stages + 1] = row
     end
     if c.selected >= 0 then break end
   end
@@ -274,6 +302,7 @@ function State:sample(row)
     local h = ffi.new("double[1]")
     tffi.check(C.tide_cands_entropy(c, h))
     tr = { step = self.n_sampled, n = nv, entropy = h[0], stages = {} }
+    if self.trace_top then tr.raw_top = top_now(self, c) end
   end
   local ok, err = pcall(run_chain, self, c, tr)
   if not ok then
@@ -309,8 +338,9 @@ function State:sample(row)
 end
 
 -- The trace records so far (trace = true): one per sampled token,
--- { step, token, p, n, entropy, stages = {{stage, n_in, n_out, mass_in,
--- mass_raw, entropy}, ...} }.
+-- { step, token, p, n, entropy, stages = {{stage, index, n_in, n_out,
+-- mass_in, mass_raw, entropy}, ...} }; with trace_top = N also raw_top and
+-- each stage's top: the N best candidates {{id =, p =}, ...}.
 function State:trace() return self.traces end
 function State:clear_trace() self.traces = {} return self end
 
@@ -393,7 +423,11 @@ function M.load(path, opts)
   if type(path) ~= "string" then error("load(path): path must be a string", 2) end
   opts = opts or {}
   local mt, size = core.file_stamp(path)
-  if not mt then return nil, "sampler file " .. tostring(size) end
+  if not mt then
+    local fh, ferr = io.open(path, "rb")
+    if fh then fh:close() end
+    return nil, "sampler file " .. tostring(ferr or size)
+  end
   local s, hash = compile(path)
   if not s then return nil, hash end
   s.source = path

@@ -77,10 +77,7 @@ M.decode = decode
 local Reply = {}
 Reply.__index = Reply
 M.Reply = Reply
-Reply.__tostring = function(r)
-  return string.format("[reply: %d tokens, %s, %.1f tokens/s]", r.n_tokens, tostring(r.finish_reason),
-    r.tokens_per_s or 0)
-end
+Reply.__tostring = function(r) return require("tide.describe").reply(r) end
 
 -- ---------------------------------------------------------------- samplers
 local OPTION_ALIAS = { temperature = "temp", n_predict = "max_tokens" }
@@ -1161,8 +1158,7 @@ function Session:close()
   self.seq = nil
 end
 
-Session.__tostring = function(s)
-  return string.format("tide.session(%d tokens, %d exchanges, %s)", #s.toks, #s.turns, s.sampler:describe())
-end
+Session.__tostring = function(s) return require("tide.describe").session(s) end
+function Session:describe() return require("tide.describe").session_long(self) end
 
 return M

@@ -228,10 +228,7 @@ function Tokenizer:close()
   end
 end
 
-Tokenizer.__tostring = function(self)
-  if self._h == nil then return "tide.tokenizer(closed)" end
-  return ("tide.tokenizer(%s: %s)"):format(self.path, self:describe())
-end
+Tokenizer.__tostring = function(self) return require("tide.describe").tokenizer(self) end
 
 -- ---- streaming ----
 local Streamer = {}

@@ -150,7 +150,7 @@ return {
     assert.equals(3, rc)
     out, rc = run(env .. q(EXE) .. " hello --bogus")
     assert.equals(2, rc)
-    assert.equals("tide hello: hello: unknown option --bogus\n", out)
+    assert.equals("tide hello: unknown option --bogus\n", out)
     out, rc = run(env .. q(EXE) .. " hello --times many")
     assert.equals(2, rc)
     assert.matches("expects a number, got 'many'", out)

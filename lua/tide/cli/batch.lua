@@ -6,6 +6,7 @@
 local args = require("tide.cli.args")
 local sampling = require("tide.sampling")
 local cjson = require("cjson")
+local errors = require("tide.errors")
 local ffi = require("ffi")
 
 local spec = {
@@ -260,7 +261,7 @@ function M.run(argv)
   if o.input == "-" then inf = io.stdin else
     local err
     inf, err = io.open(o.input, "rb")
-    if not inf then args.fail("batch: cannot open " .. o.input .. ": " .. tostring(err), 1) end
+    if not inf then args.fail("batch: cannot open " .. tostring(err), 1) end
   end
   local lines = {}
   local n = 0
@@ -271,7 +272,7 @@ function M.run(argv)
   if inf ~= io.stdin then inf:close() end
   local model, merr = tide.model(o.model, { max_tokens = o.budget, cache = { context = o.context,
     max_seqs = o.max_running, pages = o.cache_pages, swa_blocks = o.cache_swa_blocks } })
-  if not model then args.fail("batch: " .. tostring(merr), 1) end
+  if not model then args.fail("batch: cannot load the model: " .. tostring(merr), 1) end
   local okp, eng = pcall(tide.engine, model, { budget = o.budget, chunk = o.chunk, policy = o.policy,
     patience = o.patience })
   if not okp then args.fail("batch: " .. tostring(eng):gsub("^engine: ", ""), 1) end
@@ -279,7 +280,7 @@ function M.run(argv)
   if o.output == "-" then out = io.stdout else
     local err
     out, err = io.open(o.output, "wb")
-    if not out then args.fail("batch: cannot write " .. o.output .. ": " .. tostring(err), 1) end
+    if not out then args.fail("batch: cannot write " .. tostring(err), 1) end
   end
   -- submit everything; bad lines get their error now
   local samplers = {}
@@ -303,6 +304,7 @@ function M.run(argv)
       else s.handle = h end
     end
     if err then
+      err = errors.clean(err)
       s.record = { __keys = RESULT_KEYS, line = L.line, id = uid, error = "line " .. L.line .. ": " .. err }
       io.stderr:write("tide batch: line ", L.line, ": ", err, "\n")
       failed = failed + 1
@@ -320,6 +322,7 @@ function M.run(argv)
       if not s.record then
         if not s.handle:done() then break end
         local res = s.handle:result()
+        if res.error then res.error = errors.clean(tostring(res.error)) end
         s.record = result_record(s.line, s.id, res)
         if res.ttft then sum_ttft, n_ttft = sum_ttft + res.ttft, n_ttft + 1 end
         if res.error then
@@ -351,7 +354,8 @@ function M.run(argv)
   local elapsed = now() - t0
   if not ok then
     -- the engine stopped (a failing policy): every unfinished request gets the error
-    io.stderr:write((show and "\n" or ""), "tide batch: ", tostring(err), "\n")
+    err = errors.clean(err)
+    io.stderr:write((show and "\n" or ""), "tide batch: ", err, "\n")
     for _, s in ipairs(slots) do
       if s.handle and not s.handle:done() then s.handle:cancel() end
       if s.handle then s.handle.error = s.handle.error or ("engine stopped: " .. tostring(err)) end

@@ -7,20 +7,26 @@
 -- per turn or command, no prompt.
 local args = require("tide.cli.args")
 local sampling = require("tide.sampling")
+local errors = require("tide.errors")
 
 local spec = {
-  model = { type = "string", meta = "DIR", required = true, help = "checkpoint directory (with tokenizer.json)" },
+  model = { type = "string", meta = "DIR",
+    help = "checkpoint directory with tokenizer.json (default: the default model, as `make run`)" },
   system = { type = "string", meta = "TEXT", help = "system prompt" },
-  max_tokens = { type = "number", meta = "N", default = 512, help = "tokens per reply at most" },
-  n_predict = { type = "number", meta = "N", help = "same as --max-tokens" },
+  max_tokens = { type = "number", meta = "N", default = 512, integer = true, min = 1,
+    why_min = "the most tokens per reply; there is no unlimited setting", help = "tokens per reply at most" },
+  n_predict = { type = "number", meta = "N", integer = true, min = 1,
+    why_min = "the most tokens per reply; there is no unlimited setting", help = "same as --max-tokens" },
   stop = { type = "list", meta = "S", help = "stop string (repeatable)" },
   ignore_eos = { type = "boolean", help = "do not stop a reply at the end-of-sentence token" },
   thinking = { type = "boolean", help = "v3.1-style templates: open replies with <think>" },
-  context = { type = "number", meta = "N", default = 4096, help = "positions per conversation the cache is sized for" },
-  chunk = { type = "number", meta = "N", default = 256, help = "prefill tokens per step" },
-  threads = { type = "number", meta = "N", help = "OpenMP threads" },
+  context = { type = "number", meta = "N", default = 4096, integer = true, min = 1,
+    help = "positions per conversation the cache is sized for" },
+  chunk = { type = "number", meta = "N", default = 256, integer = true, min = 1, help = "prefill tokens per step" },
+  threads = { type = "number", meta = "N", integer = true, min = 0, help = "OpenMP threads (0: all cores)" },
   load = { type = "string", meta = "PATH", help = "start from a saved session (/save)" },
-  snapshots = { type = "number", meta = "N", default = 4, help = "cache snapshots kept per branch (undo/regen speed)" },
+  snapshots = { type = "number", meta = "N", default = 4, integer = true, min = 0,
+    help = "cache snapshots kept per branch (undo/regen speed)" },
 }
 for k, v in pairs(sampling.options) do
   if not spec[k] and k ~= "n_probs" then spec[k] = v end
@@ -28,7 +34,7 @@ end
 
 local M = {
   summary = "chat with a model: streaming replies, /undo /regen /fork /save /load /inspect ...",
-  usage = "usage: tide chat --model DIR [--sampler FILE] [--system TEXT] [--seed S] [sampling options]\n"
+  usage = "usage: tide chat [--model DIR] [--sampler FILE] [--system TEXT] [--seed S] [sampling options]\n"
     .. "  type a message to get a reply; /help inside lists the commands\n" .. args.help(spec),
 }
 
@@ -48,6 +54,9 @@ commands:
   /inspect [L] [T]      the sparse attention and routing of token T (default the
                         latest): all layers, or layer L in detail
   /trace [N]            the sampler trace of the last token (or the last N)
+  /lab [N] [FILE.html]  the sampler lab on the conversation: how each stage of the
+                        sampler reshapes the next token's distribution, N tokens
+                        (default 4), optionally an HTML report
   /stats                tokens, cache blocks, speed
   /history              the conversation so far
   /ids [N]              token ids of the last reply (or of the last N tokens)
@@ -60,7 +69,7 @@ commands:
 Ctrl-C stops a reply being generated.]]
 
 local COMMANDS = { "/help", "/undo", "/regen", "/fork", "/switch", "/branches", "/sampler", "/set", "/peek", "/inspect",
-  "/trace", "/stats", "/history", "/ids", "/system", "/clear", "/save", "/load", "/lua", "/quit", "/exit" }
+  "/trace", "/lab", "/stats", "/history", "/ids", "/system", "/clear", "/save", "/load", "/lua", "/quit", "/exit" }
 
 -- Control bytes a model emits must not drive the terminal (escape
 -- sequences): they are shown as ^X; newlines and tabs pass.
@@ -102,6 +111,12 @@ function M.run(argv)
   if #pos > 0 then args.fail("chat: unexpected argument '" .. pos[1] .. "'") end
   local tide = require("tide")
   if o.threads then tide.threads(o.threads) end
+  if not o.model then
+    local derr
+    o.model, derr = tide.default_model()
+    if not o.model then args.fail("chat: no --model given and " .. tostring(derr), 1) end
+    io.stderr:write("tide chat: using the default model ", o.model, " (--model DIR picks another)\n")
+  end
   local ok_le, le = pcall(require, "tide.lineedit")
   if not ok_le then le = nil end
   local interactive = le and le.isatty(0) or false
@@ -112,16 +127,15 @@ function M.run(argv)
     out:write(string.format(fmt, ...), "\n")
     out:flush()
   end
-  local debug_on = os.getenv("TIDE_DEBUG") ~= nil
   local function warn(msg)
-    if not debug_on then msg = msg:gsub("\nstack traceback:.*$", "") end
+    if not errors.traceback_wanted() then msg = errors.clean(msg) end
     io.stderr:write(msg, "\n")
     io.stderr:flush()
   end
 
   local model, err = tide.model(o.model, { max_tokens = math.max(1, math.floor(o.chunk)),
     cache = { context = o.context, max_seqs = 16 } })
-  if not model then args.fail("chat: " .. tostring(err), 1) end
+  if not model then args.fail("chat: cannot load the model: " .. tostring(err), 1) end
   if not model.tokenizer then args.fail("chat: " .. o.model .. " has no tokenizer.json", 1) end
   local tok = model.tokenizer
 
@@ -143,7 +157,9 @@ function M.run(argv)
   local s
   if o.load then
     s, err = tide.session_load(model, o.load, sess_opts)
-    if not s then args.fail("chat: " .. tostring(err), 1) end
+    if not s then
+      args.fail("chat: cannot load the session --load " .. o.load .. ": " .. errors.clean(tostring(err)), 1)
+    end
   else
     s, err = model:session{ system = o.system, sampler = o.sampler or sopts, seed = o.seed,
       max_tokens = o.n_predict or o.max_tokens, stop = o.stop, ignore_eos = o.ignore_eos, thinking = o.thinking,
@@ -180,7 +196,7 @@ function M.run(argv)
     if r.finish_reason == "interrupted" then
       write("\n[interrupted]\n")
     elseif r.finish_reason == "error" then
-      write("\n[sampling failed: " .. tostring(r.error) .. "]\n")
+      write("\n[sampling failed: " .. errors.clean(tostring(r.error)) .. "]\n")
     else
       write("\n")
     end
@@ -205,7 +221,7 @@ function M.run(argv)
   end
   function cmd.fork()
     local f, ferr = s:fork()
-    if not f then say("[fork failed: %s]", tostring(ferr)) return end
+    if not f then say("[fork failed: %s]", errors.clean(tostring(ferr))) return end
     branches[#branches + 1] = f
     say("[branch %d forked from branch %d at %d tokens; /switch %d goes back]", #branches, cur, f:len(), cur)
     cur, s = #branches, f
@@ -224,10 +240,10 @@ function M.run(argv)
     end
   end
   function cmd.sampler(a)
-    if not a or a == "" then say("[sampler: %s]", s.sampler:describe()) return end
+    if not a or a == "" then say("[sampler: %s]", errors.clean(s.sampler:describe())) return end
     local okk, e = s:set_sampler(a)
-    if not okk then say("[sampler not changed: %s]", tostring(e)) return end
-    say("[sampler: %s (reloaded when %s changes)]", s.sampler:describe(), a)
+    if not okk then say("[sampler not changed: %s]", errors.clean(tostring(e))) return end
+    say("[sampler: %s (reloaded when %s changes)]", errors.clean(s.sampler:describe()), a)
   end
   function cmd.set(a)
     if not a or a == "" then
@@ -241,6 +257,12 @@ function M.run(argv)
     end
     local k, v = a:match("^(%S+)%s+(.-)%s*$")
     if not k then say("[usage: /set KEY VALUE]") return end
+    local so = sampling.options[k:gsub("%-", "_")]
+    local want = so and so.type or (k == "max_tokens" or k == "seed") and "number" or nil
+    if want == "number" and type(value_of(v)) ~= "number" then
+      say("[/set %s: expected a number, got '%s']", k, v)
+      return
+    end
     s:set({ [k] = value_of(v) })
     say("[%s = %s; sampler: %s]", k, v, s.sampler:describe())
   end
@@ -259,13 +281,24 @@ function M.run(argv)
     end
     if #s.toks == 0 then say("[nothing to inspect yet]") return end
     local rep, ierr = s:inspect({ layer = L, token = T })
-    if not rep then say("[inspect failed: %s]", tostring(ierr)) return end
+    if not rep then say("[inspect failed: %s]", errors.clean(tostring(ierr))) return end
     say("%s", sanitize(require("tide.inspect").format(rep, { layer = L, tokenizer = tok })))
   end
   function cmd.trace(a)
     local t = s:trace(tonumber(a) or 1)
     if #t == 0 then say("[no trace yet]") return end
     say("%s", sanitize(sampling.format_trace(t, tok)))
+  end
+  function cmd.lab(a)
+    local n, file
+    for w in (a or ""):gmatch("%S+") do
+      if tonumber(w) then n = tonumber(w) else file = w end
+    end
+    if #s.toks == 0 then say("[nothing to look at yet: say something first]") return end
+    if n and (n < 1 or n ~= math.floor(n)) then say("[usage: /lab [N] [FILE.html]]") return end
+    local okl, res = pcall(require("tide.lab").run, s, { steps = n or 4, report = file, quiet = true })
+    if not okl then say("[lab failed: %s]", errors.clean(tostring(res))) return end
+    say("%s", sanitize(res:format()))
   end
   function cmd.stats()
     local st = s:stats()
@@ -310,13 +343,13 @@ function M.run(argv)
   function cmd.save(a)
     if not a or a == "" then say("[usage: /save PATH]") return end
     local okk, e = s:save(a)
-    if not okk then say("[save failed: %s]", tostring(e)) return end
+    if not okk then say("[save failed: %s]", errors.clean(tostring(e))) return end
     say("[saved %d tokens, %d exchanges to %s]", s:len(), #s.turns, a)
   end
   function cmd.load(a)
     if not a or a == "" then say("[usage: /load PATH]") return end
     local ns, e = tide.session_load(model, a, sess_opts)
-    if not ns then say("[load failed: %s]", tostring(e)) return end
+    if not ns then say("[load failed: %s]", errors.clean(tostring(e))) return end
     s:close()
     branches[cur], s = ns, ns
     say("[loaded %d tokens, %d exchanges from %s (%s)]", s:len(), #s.turns, a, s.loaded)
@@ -363,7 +396,8 @@ function M.run(argv)
         else
           local okc, res = xpcall(function() return f(rest) end, debug.traceback)
           if not okc then
-            warn("[/" .. name .. " failed: " .. tostring(res) .. "]")
+            local msg = errors.traceback_wanted() and tostring(res) or errors.clean(res)
+            warn("[/" .. name .. " failed: " .. msg .. "]")
           elseif res == "quit" then
             break
           end
@@ -371,7 +405,9 @@ function M.run(argv)
       elseif line:match("%S") then
         if le then le.interrupted() end
         local okc, res = xpcall(function() return s:say(line) end, debug.traceback)
-        if okc then reply_done(res) else warn("[error: " .. tostring(res) .. "]") end
+        if okc then reply_done(res) else
+          warn("[error: " .. (errors.traceback_wanted() and tostring(res) or errors.clean(res)) .. "]")
+        end
       end
     end
     out:flush()

@@ -6,18 +6,20 @@ local args = require("tide.cli.args")
 local sampling = require("tide.sampling")
 
 local spec = {
-  model = { type = "string", meta = "DIR", required = true, help = "checkpoint directory" },
+  model = { type = "string", meta = "DIR", help = "checkpoint directory (default: the default model, as `make run`)" },
   prompt = { type = "string", meta = "TEXT", help = "the prompt (encoded with the model's tokenizer, BOS first)" },
   tokens = { type = "string", meta = "IDS", help = "the prompt as token ids, comma or space separated" },
-  max_tokens = { type = "number", meta = "N", default = 128, help = "tokens to generate at most" },
-  n_predict = { type = "number", meta = "N", help = "same as --max-tokens" },
+  max_tokens = { type = "number", meta = "N", default = 128, integer = true, min = 1,
+    why_min = "the most tokens to generate; there is no unlimited setting", help = "tokens to generate at most" },
+  n_predict = { type = "number", meta = "N", integer = true, min = 1,
+    why_min = "the most tokens to generate; there is no unlimited setting", help = "same as --max-tokens" },
   stop = { type = "list", meta = "S", help = "stop string (repeatable); not printed" },
   ignore_eos = { type = "boolean", help = "do not stop at the end-of-sentence token" },
   chat = { type = "boolean", help = "wrap the prompt in the chat template (a user turn) first" },
   system = { type = "string", meta = "TEXT", help = "system prompt (with --chat)" },
   thinking = { type = "boolean", help = "with --chat on a v3.1-style template: open the reply with <think>" },
-  threads = { type = "number", meta = "N", help = "OpenMP threads" },
-  chunk = { type = "number", meta = "N", default = 256, help = "prefill tokens per step" },
+  threads = { type = "number", meta = "N", integer = true, min = 0, help = "OpenMP threads (0: all cores)" },
+  chunk = { type = "number", meta = "N", default = 256, integer = true, min = 1, help = "prefill tokens per step" },
   ids = { type = "boolean", help = "print token ids even when there is a tokenizer" },
   show_logprobs = { type = "boolean", help = "after the text, print each token with its raw and sampled logprobs" },
 }
@@ -25,7 +27,7 @@ for k, v in pairs(sampling.options) do if not spec[k] then spec[k] = v end end
 
 local M = {
   summary = "generate a continuation of a prompt",
-  usage = "usage: tide generate --model DIR (--prompt TEXT | --tokens IDS) [--max-tokens N] [--seed S]\n"
+  usage = "usage: tide generate [--model DIR] (--prompt TEXT | --tokens IDS) [--max-tokens N] [--seed S]\n"
     .. "                     [sampling options | --sampler FILE] [--chat [--system TEXT]]\n" .. args.help(spec),
 }
 
@@ -33,7 +35,10 @@ local function parse_ids(s)
   local ids = {}
   for w in s:gmatch("[^,%s]+") do
     local v = tonumber(w)
-    if not v or v ~= math.floor(v) then args.fail("generate: bad token id '" .. w .. "' in --tokens") end
+    if not v or v ~= math.floor(v) then
+      args.fail("generate: '" .. w .. "' in --tokens is not a token id "
+        .. "(expected whole numbers separated by commas or spaces)")
+    end
     ids[#ids + 1] = v
   end
   if #ids == 0 then args.fail("generate: --tokens is empty") end
@@ -48,16 +53,28 @@ function M.run(argv)
   end
   local tide = require("tide")
   if o.threads then tide.threads(o.threads) end
+  if not o.model then
+    local derr
+    o.model, derr = tide.default_model()
+    if not o.model then args.fail("generate: no --model given and " .. tostring(derr), 1) end
+    io.stderr:write("tide generate: using the default model ", o.model, " (--model DIR picks another)\n")
+  end
   local max_new = o.n_predict or o.max_tokens
   local chunk = math.max(1, math.floor(o.chunk))
   -- a small probe of the prompt length decides the cache size
   local model, err = tide.model(o.model, { max_tokens = chunk,
     cache = { context = 4096, max_seqs = 2, seq_budget = 1 }, tokenizer = true })
-  if not model then args.fail(err, 1) end
+  if not model then args.fail("cannot load the model: " .. tostring(err), 1) end
   local tok = model.tokenizer
   local ids
   if o.tokens then
     ids = parse_ids(o.tokens)
+    for i, id in ipairs(ids) do
+      if id < 0 or id >= model.vocab_size then
+        args.fail(string.format("generate: token id %d (number %d in --tokens) is outside the vocabulary of %s (0..%d)",
+          id, i, o.model, model.vocab_size - 1))
+      end
+    end
   else
     if not tok then args.fail("generate: " .. o.model .. " has no tokenizer.json; use --tokens", 1) end
     if o.chat then
@@ -73,7 +90,7 @@ function M.run(argv)
   if need > 4096 then
     model:close()
     model, err = tide.model(o.model, { max_tokens = chunk, cache = { context = need, max_seqs = 2, seq_budget = 1 } })
-    if not model then args.fail(err, 1) end
+    if not model then args.fail("cannot load the model: " .. tostring(err), 1) end
     tok = model.tokenizer
   end
   local sampler, serr = sampling.from_options(o, { tokenizer = tok })
@@ -100,13 +117,13 @@ function M.run(argv)
     n = n + 1
     if reason then break end
     local res, serr2 = model:step({ { seq = seq, tokens = { id }, logits = "last" } })
-    if not res then io.stderr:write("\ngenerate: ", tostring(serr2), "\n") break end
+    if not res then io.stderr:write("\ntide generate: ", require("tide.errors").clean(tostring(serr2)), "\n") break end
     row = res[1]
   end
   local t2 = tide.time()
   io.write("\n")
   if gen.finish_reason == "error" then
-    io.stderr:write("generate: ", tostring(gen.error), "\n")
+    io.stderr:write("tide generate: ", require("tide.errors").clean(tostring(gen.error)), "\n")
     return 1
   end
   if o.show_logprobs and gen.logprobs then

@@ -36,7 +36,7 @@ local function shape_str(s)
   return "[" .. table.concat(p, ", ") .. "]"
 end
 
--- the config in a few lines
+-- the config in a few lines (also tide.describe's long form of a model)
 local function config_lines(c, given)
   local ratios = {}
   for i, r in ipairs(c.compress_ratios) do
@@ -81,9 +81,17 @@ local function config_lines(c, given)
   return lines
 end
 
+M.config_lines = config_lines
+
 function M.run(argv)
   local o, pos = args.parse(argv, spec, "inspect")
   if #pos > 0 then args.fail("inspect: unexpected argument '" .. pos[1] .. "' (use --model DIR)") end
+  if o.filter then
+    local okp, perr = pcall(string.match, "", o.filter)
+    if not okp then
+      args.fail("inspect: --filter '" .. o.filter .. "' is not a Lua pattern: " .. require("tide.errors").clean(perr))
+    end
+  end
   local ckpt = require("tide.checkpoint")
   local ck, err = ckpt.load(o.model, { config = false, check = o.check })
   if not ck then args.fail(err, 1) end

@@ -73,7 +73,13 @@ function M.run(argv)
     max_tokens = chunk, tokenizer = false,
     cache = { context = T, max_seqs = 2, seq_budget = 1 },
   })
-  if not model then args.fail(err, 1) end
+  if not model then args.fail("logits: cannot load the model: " .. tostring(err), 1) end
+  for i, id in ipairs(ids) do
+    if id < 0 or id >= model.vocab_size then
+      args.fail(string.format("logits: token id %d (number %d in --tokens) is outside the vocabulary of %s (0..%d)",
+        id, i, o.model, model.vocab_size - 1))
+    end
+  end
   if o.reference then model:use_reference(true) end
   local topk = o.dump_topk and {} or nil
   local routes = o.dump_routes and {} or nil
