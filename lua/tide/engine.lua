@@ -551,11 +551,9 @@ function Engine:step()
   while true do
     me = {}
     for i, e in ipairs(entries) do
-      local r, n = e.r, e.n
-      local part, c = {}, r.computed
-      local toks = r.tokens
-      for j = 1, n do part[j] = toks[c + j] end
-      me[i] = { seq = r.seq, tokens = part, logits = (c + n == #toks) and "last" or false }
+      -- the request's next span of tokens (the same spans m:feed runs)
+      local r, n, c = e.r, e.n, e.r.computed
+      me[i] = { seq = r.seq, tokens = r.tokens, from = c + 1, n = n, logits = (c + n == #r.tokens) and "last" or false }
     end
     if #me == 0 then break end
     local tm = now()

@@ -30,27 +30,14 @@ local TIDE_FULL = 1
 local i32box = ffi.new("int32_t[1]")
 local i32x2 = ffi.new("int32_t[2]")
 
-local SCORING = { sqrtsoftplus = 0, sigmoid = 1, softmax = 2 }
-
--- Family dispatch: model_type / architectures -> wiring module.
+-- Family dispatch: model_type / architectures -> wiring module. A family
+-- module gives configure(cfg) (derived config fields, or nil, err), new(ck,
+-- opts) -> net, and the net's cache_config, begin_step, forward and
+-- head_logits (docs/model.md).
 local FAMILIES = {
   deepseek_v4 = "tide.models.deepseek_v4",
   DeepseekV4ForCausalLM = "tide.models.deepseek_v4",
 }
-
--- Derived config fields the wiring uses: per-layer ratios (0-based, 1/4/128)
--- and the scoring function's id.
-local function derive(cfg)
-  local ratios = {}
-  local cr = cfg.compress_ratios or {}
-  for L = 0, cfg.num_hidden_layers - 1 do
-    local r = cr[L + 1] or 0
-    ratios[L] = r <= 1 and 1 or r
-  end
-  cfg.ratios = ratios
-  cfg.scoring_id = SCORING[cfg.scoring_func or "sqrtsoftplus"]
-  if cfg.scoring_id == nil then error("unsupported scoring_func '" .. tostring(cfg.scoring_func) .. "'", 0) end
-end
 
 local function family_of(cfg)
   local mt = cfg.model_type
@@ -95,10 +82,11 @@ function M.load(path, opts)
       type(cfg.architectures) == "table" and table.concat(cfg.architectures, ",") or tostring(cfg.architectures),
       tostring(cfg.model_type))
   end
-  local ok, e = pcall(derive, cfg)
+  local family = require(fam)
+  local ok, e = family.configure(cfg)
   if not ok then return nil, "tide.model: " .. tostring(e) end
   if opts.prefault and ck.prefault then ck:prefault() end
-  local net = require(fam).new(ck, opts)
+  local net = family.new(ck, opts)
   local cc, keep = net:cache_config(opts.cache or {})
   local cbox = ffi.new("tide_kvcache*[1]")
   local rc = C.tide_kvcache_new(cbox, cc)
@@ -346,79 +334,96 @@ function Model:reference_logits(tokens, opts)
 end
 
 -- ---------------------------------------------------------------- steps
-local function tokens_of(e)
+-- A step entry: { seq = Sequence, tokens = {ids...} | id, from = i, n = m,
+-- logits = "last" | "all" | false }. The entry runs tokens[from .. from+n-1]
+-- (from defaults to 1, n to the rest of the list), so a caller feeding a long
+-- list in chunks passes the list itself, not copies of its parts.
+local function span_of(e, i)
   local t = e.tokens
-  if type(t) == "number" then return { t }, 1 end
-  if type(t) ~= "table" then error("step entry needs tokens (a list of ids)", 4) end
-  return t, #t
+  if type(t) == "number" then return { t }, 1, 1 end
+  if type(t) ~= "table" then error("step entry " .. i .. " needs tokens (a list of ids)", 4) end
+  local from = e.from or 1
+  if type(from) ~= "number" or from ~= math.floor(from) or from < 1 then
+    error("step entry " .. i .. ": from must be an index >= 1", 4)
+  end
+  local n = e.n or (#t - from + 1)
+  if type(n) ~= "number" or n ~= math.floor(n) or n < 0 or from + n - 1 > #t then
+    error(string.format("step entry %d: tokens %s..%s are not in the list of %d", i, tostring(from),
+      tostring(from + (tonumber(n) or 0) - 1), #t), 4)
+  end
+  return t, from, n
 end
 
--- Run one step. entries: array of { seq = Sequence, tokens = {ids...},
--- logits = "last" | "all" | false (default "last") }; a sequence appears at
--- most once. Returns an array of logits tensors per entry ([vocab] for
+-- Check every entry before anything changes; returns the step's spans
+-- { seq, toks, from, n, first (row in the step), pos0, want } and the
+-- number of tokens and of logits rows. Raises at the caller of step.
+function Model:_validate(entries)
+  local vocab, maxpos = self.vocab_size, self.max_positions
+  local spans, T, rows, seen = {}, 0, 0, {}
+  for i, e in ipairs(entries) do
+    local s = e.seq
+    if getmetatable(s) ~= Seq or s.model ~= self then
+      error("step entry " .. i .. ": seq is not a sequence of this model", 3)
+    end
+    if not s._live then error("step entry " .. i .. ": the sequence was freed", 3) end
+    if seen[s.id] then error("step entry " .. i .. ": sequence " .. s.id .. " appears twice in one step", 3) end
+    seen[s.id] = true
+    local toks, from, n = span_of(e, i)
+    if n == 0 then error("step entry " .. i .. ": no tokens", 3) end
+    for j = from, from + n - 1 do
+      local id = toks[j]
+      if type(id) ~= "number" or id ~= math.floor(id) or id < 0 or id >= vocab then
+        error(string.format("step entry %d: token id %s at index %d is outside the vocabulary (0..%d)", i,
+          tostring(id), j - from, vocab - 1), 3)
+      end
+    end
+    local len = s:len()
+    if len + n > maxpos then
+      error(string.format("step entry %d: positions %d..%d go beyond max_position_embeddings (%d)", i, len,
+        len + n - 1, maxpos), 3)
+    end
+    local want = e.logits
+    if want == nil then want = "last" end
+    if want ~= "all" and want ~= "last" and want ~= false then
+      error("step entry " .. i .. ": logits must be \"last\", \"all\" or false", 3)
+    end
+    spans[i] = { seq = s, toks = toks, from = from, n = n, first = T, pos0 = len, want = want }
+    T = T + n
+    if want == "all" then rows = rows + n elseif want then rows = rows + 1 end
+  end
+  if T > self.max_tokens then
+    error(string.format("step of %d tokens exceeds max_tokens (%d): split it", T, self.max_tokens), 3)
+  end
+  return spans, T, rows
+end
+
+-- Run one step. entries: array of step entries (above); a sequence appears
+-- at most once. Returns an array of logits tensors per entry ([vocab] for
 -- "last", [n, vocab] for "all", nil for false), views valid until the next
 -- step, or nil, message when the cache is full (nothing changed). Bad input
 -- (token id, position, unknown sequence) raises an error, nothing changed.
 -- opts: dump_topk / dump_routes (tables filled with the decisions, see
 -- reference_logits), inspect = spec (tide.inspect.arm: the spec table gets
 -- the step's attention mass shares, indexer scores, selections and routes).
+--
+-- The protocol: validate -> batch (ids and the cache's batch) -> the
+-- family's begin_step (its per-step views) -> prepare the cache (all or
+-- nothing) -> net:forward -> logits -> commit. An error in the forward
+-- aborts the cache's step: every sequence stays as it was.
 function Model:step(entries, opts)
   opts = opts or {}
-  local net, cache, b = self.net, self.cache, self.batch
-  local vocab, maxpos = self.vocab_size, self.max_positions
-  local T, seen = 0, {}
-  for i, e in ipairs(entries) do
-    local s = e.seq
-    if getmetatable(s) ~= Seq or s.model ~= self then
-      error("step entry " .. i .. ": seq is not a sequence of this model", 2)
-    end
-    if not s._live then error("step entry " .. i .. ": the sequence was freed", 2) end
-    if seen[s.id] then error("step entry " .. i .. ": sequence " .. s.id .. " appears twice in one step", 2) end
-    seen[s.id] = true
-    local toks, n = tokens_of(e)
-    if n == 0 then error("step entry " .. i .. ": no tokens", 2) end
-    for j = 1, n do
-      local id = toks[j]
-      if type(id) ~= "number" or id ~= math.floor(id) or id < 0 or id >= vocab then
-        error(string.format("step entry %d: token id %s at index %d is outside the vocabulary (0..%d)", i,
-          tostring(id), j - 1, vocab - 1), 2)
-      end
-    end
-    local len = s:len()
-    if len + n > maxpos then
-      error(string.format("step entry %d: positions %d..%d go beyond max_position_embeddings (%d)", i, len,
-        len + n - 1, maxpos), 2)
-    end
-    T = T + n
-  end
+  local spans, T, rows = self:_validate(entries)
   if T == 0 then return {} end
-  if T > self.max_tokens then
-    error(string.format("step of %d tokens exceeds max_tokens (%d): split it", T, self.max_tokens), 2)
-  end
-  -- fill the ids and the batch
-  local st = net:step_views(T)
-  st.cache, st.batch = cache, b
-  local ids = ffi.cast("int32_t*", st.v.ids.data)
+  local cache, b = self.cache, self.batch
+  local st = { T = T, spans = spans, entries = entries, cache = cache, batch = b }
+  self.net:begin_step(st)
+  local ids = st.ids
   check(C.tide_batch_clear(b), 2)
-  local t, max_vis4, rows = 0, 0, 0
-  local spans = {}
-  for i, e in ipairs(entries) do
-    local toks, n = tokens_of(e)
-    local len = e.seq:len()
-    for j = 1, n do ids[t + j - 1] = toks[j] end
-    check(C.tide_batch_add(b, e.seq.id, len, n), 2)
-    local vis = math.floor((len + n) / 4)
-    if vis > max_vis4 then max_vis4 = vis end
-    local want = e.logits
-    if want == nil then want = "last" end
-    spans[i] = { first = t, n = n, want = want, pos0 = len }
-    if want == "all" then rows = rows + n elseif want then rows = rows + 1 end
-    t = t + n
+  for _, sp in ipairs(spans) do
+    local toks, first, from = sp.toks, sp.first, sp.from - 1
+    for j = 1, sp.n do ids[first + j - 1] = toks[from + j] end
+    check(C.tide_batch_add(b, sp.seq.id, sp.pos0, sp.n), 2)
   end
-  st.max_visible4 = max_vis4
-  st.ids = ids
-  st.spans = spans
-  st.entries = entries
   self:_hooks(st, opts)
   -- opts.inspect: attention statistics, indexer scores and routes of this
   -- step (tide.inspect); nothing is allocated or passed to a kernel without it
@@ -428,7 +433,7 @@ function Model:step(entries, opts)
   check(rc, 2)
   self._stepping = true
   local ok, res = xpcall(function()
-    net:forward(st)
+    self.net:forward(st)
     if self._reference == "all" then self:_reference_logits(st, rows) end
     return self:_logits(st, rows)
   end, debug.traceback)
@@ -466,13 +471,14 @@ function Model:_logit_buf(rows)
   return self._logits_t:narrow(0, 0, rows), self._ybuf:narrow(0, 0, rows)
 end
 
+-- The logits rows the entries asked for: the wanted rows of the family's
+-- final hidden state (st.hidden [T, d]) gathered, then one head call.
 function Model:_logits(st, rows)
   local out = {}
   if rows == 0 then return out end
   local lg, y = self:_logit_buf(rows)
-  local x = st.v.x
+  local x = st.hidden
   local r = 0
-  -- gather the wanted hidden rows (one copy per entry), one LM-head call
   for _, sp in ipairs(st.spans) do
     if sp.want == "all" then
       check(C.tide_tensor_copy(y:narrow(0, r, sp.n), x:narrow(0, sp.first, sp.n)))
@@ -512,9 +518,8 @@ end
 function Model:_reference_logits(st)
   st.ref_logits = {}
   for i, sp in ipairs(st.spans) do
-    local e = st.entries[i]
-    local ref = self:_ref_for(e.seq)
-    local toks = tokens_of(e)
+    local ref = self:_ref_for(sp.seq)
+    local toks, from = sp.toks, sp.from - 1
     local keep = sp.want == "all" and tide.zeros({ sp.n, self.vocab_size })
       or (sp.want and tide.zeros({ 1, self.vocab_size })) or nil
     for j = 1, sp.n do
@@ -522,7 +527,7 @@ function Model:_reference_logits(st)
       if keep then
         if sp.want == "all" then row = keep[j - 1] elseif j == sp.n then row = keep[0] end
       end
-      check(C.tide_refmodel_step(ref, toks[j], row))
+      check(C.tide_refmodel_step(ref, toks[from + j], row))
       if st.ref_dump_topk or st.ref_dump_routes then self:_ref_decisions(ref, st) end
     end
     st.ref_logits[i] = keep
@@ -576,9 +581,8 @@ function Model:_hooks(st, opts)
       errs[l.index] = e
       local acc = e[kind] or { n = 0, sum = 0, max = 0, elems = 0, equal = 0 }
       e[kind] = acc
-      for i, sp in ipairs(st.spans) do
-        local seq = st.entries[i].seq
-        local ref = self:_ref_for(seq)
+      for _, sp in ipairs(st.spans) do
+        local ref = self:_ref_for(sp.seq)
         for j = 0, sp.n - 1 do
           local t = sp.first + j
           local xr, ar = v.x[t], v.a[t]
@@ -647,30 +651,62 @@ function Model:_hooks(st, opts)
   end
 end
 
--- ---------------------------------------------------------------- conveniences
--- Feed tokens to a sequence in steps of at most `chunk` (default max_tokens);
--- returns the last token's logits ([vocab], a view valid until the next step)
--- and, with opts.all, a Lua list of every position's logits copied out.
-function Model:prefill(seq, tokens, opts)
+-- ---------------------------------------------------------------- feeding
+-- m:feed(seq, tokens [, opts]) -> logits, or nil, err: run tokens[from..to]
+-- on `seq` in steps of at most `chunk` tokens (chunked prefill; the result
+-- is bitwise the same whatever the chunk). The one chunk loop of tide: the
+-- model's conveniences and sessions use it, the engine runs the same
+-- { tokens, from, n } spans one scheduling step at a time. opts:
+--   from, to     1-based bounds in `tokens` (default 1, #tokens)
+--   chunk        tokens per step (default max_tokens)
+--   logits       "last" (default): the last token's row [vocab] is returned;
+--                "all": every chunk's rows go to on_logits; false: none
+--   on_logits    function(rows [m, vocab], offset) per chunk with "all"
+--                (offset: 0-based index in tokens of the chunk's first row)
+--   on_chunk     function(done) after each committed chunk (done: the index
+--                in tokens of the last token fed)
+--   stop         function() -> true to stop between chunks (returns nil,
+--                "stopped"; the tokens fed so far stay)
+--   on_full      function() -> true when it made room and the step should be
+--                retried (sessions give back snapshots); else nil, "cache full"
+--   step         options of every step (see Model:step)
+-- The returned row is a view valid until the next step.
+function Model:feed(seq, tokens, opts)
   opts = opts or {}
+  local from, to = opts.from or 1, opts.to or #tokens
   local chunk = opts.chunk or self.max_tokens
-  local n = #tokens
+  local want = opts.logits
+  if want == nil then want = opts.on_logits and "all" or "last" end
   local last
-  local i = 1
-  while i <= n do
-    local m = math.min(chunk, n - i + 1)
-    local part = {}
-    for j = 1, m do part[j] = tokens[i + j - 1] end
-    local want = opts.on_logits and "all" or (i + m > n and "last" or false)
-    local res, err = self:step({ { seq = seq, tokens = part, logits = want } }, opts.step)
-    if not res then return nil, err end
-    if opts.on_logits then opts.on_logits(res[1], i - 1) end
-    last = res[1]
+  local entry = { { seq = seq, tokens = tokens, from = from, n = 0, logits = false } }
+  local e = entry[1]
+  local i = from
+  while i <= to do
+    local m = math.min(chunk, to - i + 1)
+    e.from, e.n = i, m
+    local final = i + m > to
+    if want == "all" then e.logits = "all" else e.logits = final and want or false end
+    local res, err = self:step(entry, opts.step)
+    while not res do
+      if not (opts.on_full and opts.on_full()) then return nil, err end
+      res, err = self:step(entry, opts.step)
+    end
+    if want == "all" then
+      if opts.on_logits then opts.on_logits(res[1], i - 1) end
+      if final then last = res[1][m - 1] end
+    elseif final and want then
+      last = res[1]
+    end
     i = i + m
+    if opts.on_chunk then opts.on_chunk(i - 1) end
+    if not final and opts.stop and opts.stop() then return nil, "stopped" end
   end
-  if opts.on_logits and last then last = last[last:size(0) - 1] end
   return last
 end
+
+-- Feed tokens to a sequence (m:feed with its defaults; opts.on_logits makes
+-- every row go to the callback); returns the last token's logits [vocab].
+Model.prefill = Model.feed
 
 -- Logits of every position of `tokens` in a fresh sequence, as [T, vocab]
 -- f32 (a new tensor). opts.mode: "prefill" (steps of max_tokens),
@@ -688,21 +724,13 @@ function Model:logits(tokens, opts)
     end
   end
   if chunk > self.max_tokens then error("logits: chunk " .. chunk .. " exceeds max_tokens " .. self.max_tokens, 2) end
-  local T = #tokens
-  local out = tide.zeros({ T, self.vocab_size })
+  local out = tide.zeros({ #tokens, self.vocab_size })
   local seq, err = self:sequence()
   if not seq then return nil, err end
   local ok, e = pcall(function()
-    local done = 0
-    while done < T do
-      local m = math.min(chunk, T - done)
-      local part = {}
-      for j = 1, m do part[j] = tokens[done + j] end
-      local res, ferr = self:step({ { seq = seq, tokens = part, logits = "all" } }, opts.step)
-      if not res then error(ferr, 0) end
-      check(C.tide_tensor_copy(out:narrow(0, done, m), res[1]))
-      done = done + m
-    end
+    local _, ferr = self:feed(seq, tokens, { chunk = chunk, logits = "all", step = opts.step,
+      on_logits = function(rows, at) check(C.tide_tensor_copy(out:narrow(0, at, rows:size(0)), rows)) end })
+    if ferr then error(ferr, 0) end
   end)
   seq:free()
   if not ok then error(e, 0) end
@@ -735,25 +763,14 @@ function Model:score(prompt, continuation, opts)
   local rows = tide.zeros({ #c, self.vocab_size })
   local ok, e = pcall(function()
     -- the prompt but its last token needs no logits; then every row that predicts a continuation token
-    local head = {}
-    for i = 1, #p - 1 do head[i] = p[i] end
-    if #head > 0 then
-      local _, ferr = self:prefill(seq, head, { chunk = opts.chunk })
+    local _, ferr
+    if #p > 1 then
+      _, ferr = self:feed(seq, all, { to = #p - 1, chunk = opts.chunk, logits = false })
       if ferr then error(ferr, 0) end
     end
-    local rest = {}
-    for i = #p, #all - 1 do rest[#rest + 1] = all[i] end
-    local done = 0
-    local chunk = opts.chunk or self.max_tokens
-    while done < #rest do
-      local m = math.min(chunk, #rest - done)
-      local part = {}
-      for j = 1, m do part[j] = rest[done + j] end
-      local res, serr = self:step({ { seq = seq, tokens = part, logits = "all" } })
-      if not res then error(serr, 0) end
-      check(C.tide_tensor_copy(rows:narrow(0, done, m), res[1]))
-      done = done + m
-    end
+    _, ferr = self:feed(seq, all, { from = #p, to = #all - 1, chunk = opts.chunk, logits = "all",
+      on_logits = function(r, at) check(C.tide_tensor_copy(rows:narrow(0, at - (#p - 1), r:size(0)), r)) end })
+    if ferr then error(ferr, 0) end
   end)
   seq:free()
   if not ok then error(e, 0) end

@@ -269,20 +269,11 @@ function Session:_mend()
   end
 end
 
--- One step of `ids` on `seq`; when the pool is full, snapshots are given
--- back one by one before giving up.
-function Session:_step(seq, ids, want, step_opts)
-  while true do
-    local res, err = self.model:step({ { seq = seq, tokens = ids, logits = want } }, step_opts)
-    if res then return res[1] end
-    if not self:_relieve() then error("session: " .. tostring(err) .. " (no snapshot left to give back)", 0) end
-  end
-end
-
 -- Bring the cache up to the token list. With `interruptible`, the interrupt
 -- callback is polled between steps and false is returned when it fired
 -- (the cache then holds a prefix; the caller rewinds). `kind` says where the
--- time goes in the statistics ("prefill" or "decode").
+-- time goes in the statistics ("prefill" or "decode"). When the pool is
+-- full, snapshots are given back one by one before giving up.
 function Session:_sync(interruptible, kind)
   local n = #self.toks
   -- the sequence's own length is the authority (an error may have cut an
@@ -291,7 +282,6 @@ function Session:_sync(interruptible, kind)
   if len ~= self.fed then self.fed = len end
   if self.fed > n then self:_rewind_cache(n) end
   if n == 0 or (self.fed == n and self.logits_at == n) then return true end
-  local chunk = self.model.max_tokens
   local t0 = tide.time()
   if self.fed == n then
     -- the logits of this point were lost (an operation cut short): feed
@@ -299,22 +289,20 @@ function Session:_sync(interruptible, kind)
     self:_rewind_cache(n - 1)
   end
   local fed0 = self.fed
+  local row, err = self.model:feed(self.seq, self.toks, {
+    from = self.fed + 1, logits = "last",
+    on_chunk = function(done) self.fed = done end,
+    stop = interruptible and function() return self:_interrupted() end or nil,
+    on_full = function() return self:_relieve() end,
+  })
   local done = true
-  while self.fed < n do
-    local i = self.fed
-    local m = math.min(chunk, n - i)
-    local part = {}
-    for j = 1, m do part[j] = self.toks[i + j] end
-    local last = i + m == n
-    local row = self:_step(self.seq, part, last and "last" or false)
-    self.fed = i + m
-    if last then
-      self:_keep_logits(row)
-      self.logits_at = self.fed
-    elseif interruptible and self:_interrupted() then
-      done = false
-      break
-    end
+  if row then
+    self:_keep_logits(row)
+    self.logits_at = self.fed
+  elseif err == "stopped" then
+    done = false
+  else
+    error("session: " .. tostring(err) .. " (no snapshot left to give back)", 0)
   end
   local st = self.counters
   if kind == "decode" then
@@ -819,16 +807,11 @@ function Session:inspect(opts)
   if not scratch then return nil, "inspect: " .. tostring(err) end
   local spec = { layers = layers }
   local ok, res = pcall(function()
-    local i = from
-    while i < idx do
-      local m = math.min(self.model.max_tokens, idx - i)
-      local part = {}
-      for j = 1, m do part[j] = self.toks[i + j] end
-      local r, e = self.model:step({ { seq = scratch, tokens = part, logits = false } })
-      if not r then error(e, 0) end
-      i = i + m
+    if from < idx then
+      local _, e = self.model:feed(scratch, self.toks, { from = from + 1, to = idx, logits = false })
+      if e then error(e, 0) end
     end
-    local r, e = self.model:step({ { seq = scratch, tokens = { self.toks[idx + 1] }, logits = "last" } },
+    local r, e = self.model:step({ { seq = scratch, tokens = self.toks, from = idx + 1, n = 1, logits = "last" } },
       { inspect = spec })
     if not r then error(e, 0) end
     return copy_row(r[1])

@@ -28,6 +28,24 @@ local ROUND_OPS = 1          -- TIDE_OPS_ROUND_BF16
 local linbox = ffi.typeof("tide_linear*[1]")
 local jobs2 = ffi.typeof("tide_linear_job[2]")
 
+-- ---------------------------------------------------------------- config
+local SCORING = { sqrtsoftplus = 0, sigmoid = 1, softmax = 2 }
+
+-- Derived config fields the wiring and the cache use: per-layer ratios
+-- (0-based, 1/4/128) and the scoring function's id. true, or nil, err.
+function M.configure(cfg)
+  local ratios = {}
+  local cr = cfg.compress_ratios or {}
+  for L = 0, (cfg.num_hidden_layers or 0) - 1 do
+    local r = cr[L + 1] or 0
+    ratios[L] = r <= 1 and 1 or r
+  end
+  cfg.ratios = ratios
+  cfg.scoring_id = SCORING[cfg.scoring_func or "sqrtsoftplus"]
+  if cfg.scoring_id == nil then return nil, "unsupported scoring_func '" .. tostring(cfg.scoring_func) .. "'" end
+  return true
+end
+
 -- ---------------------------------------------------------------- weights
 -- A linear handle over checkpoint tensor `name`.weight (+ .scale for FP8 and
 -- MXFP4). Zero copy: the handle references the mmap'd tensors.
@@ -347,15 +365,29 @@ function Net:forward(st)
   check(C.tide_rmsnorm(v.x, v.x, self.norm, self.eps, ROUND_OPS))
 end
 
--- Views for a step of T tokens (cheap: one header per buffer).
-function Net:step_views(T)
+-- The family's per-step data, before the cache is prepared. st comes with
+-- T, spans (per entry: first row, n, pos0, ...), cache and batch; this adds
+-- the buffer views narrowed to T rows (st.v and the 2-D reshapes), st.ids
+-- (int32_t* [T], the model fills it), st.hidden (the final hidden rows
+-- [T, d] the LM head reads) and max_visible4, the most compressed C4 entries
+-- a token of the step sees (the indexer runs only past index_topk).
+function Net:begin_step(st)
+  local T = st.T
   if T > self.max_tokens then error("step of " .. T .. " tokens exceeds max_tokens " .. self.max_tokens, 2) end
   local v = views(self.bufs, T)
   local cfg = self.cfg
-  local st = { T = T, v = v }
+  st.v = v
   st.q2d = v.q:reshape(T, cfg.num_attention_heads * 512)
   st.o2d = v.o:reshape(T, cfg.num_attention_heads * 512)
   if v.qi then st.qi2d = v.qi:reshape(T, cfg.index_n_heads * 128) end
+  st.ids = ffi.cast("int32_t*", v.ids.data)
+  st.hidden = v.x
+  local vis = 0
+  for _, sp in ipairs(st.spans) do
+    local n4 = math.floor((sp.pos0 + sp.n) / 4)
+    if n4 > vis then vis = n4 end
+  end
+  st.max_visible4 = vis
   return st
 end
 
