@@ -18,6 +18,10 @@
 #include "tide.h"
 #include "tt.h"
 
+/* The waits below detect hangs; each ends as soon as the awaited output
+ * comes, so they are long (x PATIENCE) for a busy, shared machine. */
+#define PATIENCE 5.0
+
 typedef struct {
   int fd;
   pid_t pid;
@@ -59,7 +63,7 @@ static int pump(session *s, int ms) {
 
 /* Wait until `text` appears after the mark; move the mark past it. */
 static int expect(session *s, const char *text, double timeout) {
-  double end = now() + timeout;
+  double end = now() + PATIENCE * timeout;
   for (;;) {
     char *hit = strstr(s->buf + s->mark, text);
     if (hit) {
@@ -80,7 +84,7 @@ static int expect(session *s, const char *text, double timeout) {
 /* After `prefix`, the rest of the line (up to \r or \n) into out. */
 static int grab(session *s, const char *prefix, char *out, size_t cap) {
   if (!expect(s, prefix, 30)) return 0;
-  double end = now() + 30;
+  double end = now() + PATIENCE * 30;
   for (;;) {
     char *e = strpbrk(s->buf + s->mark, "\r\n");
     if (e) {
@@ -139,7 +143,7 @@ static int finish(session *s) {
   for (int attempt = 0; attempt < 10 && r != s->pid; attempt++) {
     usleep(100000);
     type(s, "\x04");
-    double end = now() + 2;
+    double end = now() + PATIENCE * 2;
     while (now() < end && (r = waitpid(s->pid, &status, WNOHANG)) != s->pid) pump(s, 50);
   }
   if (r != s->pid) {
@@ -276,7 +280,7 @@ static void conversation(void) {
   EXPECT(&s, "you> ");
   type(&s, "Keep talking, please\r");
   size_t before = s.len;
-  double end = now() + 20;
+  double end = now() + PATIENCE * 20;
   while (now() < end && s.len < before + 200) pump(&s, 50); /* the reply streams in */
   REQUIRE(&s, s.len >= before + 200, "no streamed output before Ctrl-C");
   type(&s, "\x03");
@@ -310,7 +314,7 @@ static void conversation(void) {
   EXPECT(&s, "> ");
   type(&s, "r = t:say('Go on')\r");
   before = s.len;
-  end = now() + 20;
+  end = now() + PATIENCE * 20;
   while (now() < end && s.len < before + 200) pump(&s, 50);
   REQUIRE(&s, s.len >= before + 200, "no streamed output in the REPL");
   type(&s, "\x03");

@@ -14,6 +14,10 @@
 #include "tide.h"
 #include "tt.h"
 
+/* The waits below detect hangs; each ends as soon as the awaited output
+ * comes, so they are long (x PATIENCE) for a busy, shared machine. */
+#define PATIENCE 5.0
+
 typedef struct {
   int fd;
   pid_t pid;
@@ -54,7 +58,7 @@ static int pump(session *s, int ms) {
 
 /* Wait until `text` appears after the mark; move the mark past it. */
 static int expect(session *s, const char *text, double timeout) {
-  double end = now() + timeout;
+  double end = now() + PATIENCE * timeout;
   for (;;) {
     char *hit = strstr(s->buf + s->mark, text);
     if (hit) {
@@ -110,7 +114,7 @@ static int finish(session *s) {
   pid_t r = 0;
   for (int attempt = 0; attempt < 10 && r != s->pid; attempt++) {
     type(s, "\x04");
-    double end = now() + 2;
+    double end = now() + PATIENCE * 2;
     while (now() < end && (r = waitpid(s->pid, &status, WNOHANG)) != s->pid) pump(s, 50);
   }
   if (r != s->pid) {
@@ -237,7 +241,7 @@ static void ctrl_d_during_a_chunk(void) {
   type(&s, "\x04");
   EXPECT(&s, "done");
   int status = -1;
-  double end = now() + 20;
+  double end = now() + PATIENCE * 20;
   pid_t r = 0;
   while (now() < end && (r = waitpid(s.pid, &status, WNOHANG)) != s.pid) pump(&s, 50);
   if (r != s.pid) {

@@ -32,6 +32,8 @@ local spec = {
   progress = { type = "boolean",
     help = "show the progress bar even when stderr is not a terminal (--no-progress: never)" },
   quiet = { type = "boolean", help = "no summary line on stderr" },
+  resume = { type = "boolean",
+    help = "keep the results already in --output FILE and run only the request lines without one" },
 }
 for k, v in pairs(sampling.options) do if not spec[k] then spec[k] = v end end
 
@@ -44,7 +46,9 @@ local M = {
     .. "  and sampling options by their option names (\"temp\", \"top_k\", \"top_p\", \"min_p\", ...)}.\n"
     .. "A result line: {\"line\", \"id\", \"finish_reason\", \"text\", \"tokens\", \"prompt_tokens\",\n"
     .. "  \"completion_tokens\", \"ttft\", \"time\", \"tokens_per_second\", \"preemptions\", \"logprobs\"} or\n"
-    .. "  {\"line\", \"id\", \"error\"}. Exit status 1 when some line failed.\n" .. args.help(spec),
+    .. "  {\"line\", \"id\", \"error\"}. Exit status 1 when some line failed.\n"
+    .. "Each result line is written whole and flushed as soon as it and the lines before it are done;\n"
+    .. "after a crash or a kill, --resume keeps the complete result lines and runs the rest.\n" .. args.help(spec),
 }
 
 -- ---------------------------------------------------------------- JSON out
@@ -213,6 +217,53 @@ local function to_request(obj, defaults, sampler_cache, tokenizer)
 end
 M.to_request = to_request   -- shared with tide serve (lua/tide/server/openai.lua)
 
+-- One input line -> (request, nil, id) or (nil, message, id). Used by run()
+-- and by the fuzz target tests/fuzz/fuzz_batch.lua.
+function M.parse_line(text, defaults, sampler_cache, tokenizer)
+  local okd, obj = pcall(cjson.decode, text)
+  if not okd then return nil, "malformed JSON: " .. tostring(obj):gsub("^Expected", "expected") end
+  return to_request(obj, defaults, sampler_cache, tokenizer)
+end
+M.spec = spec
+
+-- ---------------------------------------------------------------- resume
+-- The results already in `path` (for --resume): a set of the request line
+-- numbers they answer, and the bytes of the complete result lines. A last
+-- line without its newline (the writer was killed in the middle of it) is
+-- not a result; it is cut off, so the file ends with a complete line before
+-- the new results are appended. Returns done, n, or nil, message.
+function M.read_results(path)
+  local f = io.open(path, "rb")
+  if not f then return {}, 0 end   -- nothing written yet
+  local text = f:read("*a")
+  f:close()
+  local keep = text:match("^.*\n") or ""
+  local done, n = {}, 0
+  local no = 0
+  for l in keep:gmatch("([^\n]*)\n") do
+    no = no + 1
+    if l:match("%S") then
+      local ok, rec = pcall(cjson.decode, l)
+      if not ok or type(rec) ~= "table" or not is_int(rec.line) then
+        return nil, string.format("%s line %d is not a tide batch result", path, no)
+      end
+      if not done[rec.line] then n = n + 1 end
+      done[rec.line] = true
+    end
+  end
+  if #keep < #text then
+    local tmp = path .. ".resume-tmp"
+    local w, err = io.open(tmp, "wb")
+    if not w then return nil, "cannot rewrite " .. path .. ": " .. tostring(err) end
+    local okw, werr = w:write(keep)
+    if okw then okw, werr = w:close() else w:close() end
+    if not okw then os.remove(tmp) return nil, "cannot rewrite " .. path .. ": " .. tostring(werr) end
+    local okr, rerr = os.rename(tmp, path)
+    if not okr then os.remove(tmp) return nil, "cannot rewrite " .. path .. ": " .. tostring(rerr) end
+  end
+  return done, n
+end
+
 -- ---------------------------------------------------------------- progress
 local isatty
 do
@@ -263,11 +314,20 @@ function M.run(argv)
     inf, err = io.open(o.input, "rb")
     if not inf then args.fail("batch: cannot open " .. tostring(err), 1) end
   end
+  local done_lines, n_done = {}, 0
+  if o.resume then
+    if o.output == "-" then args.fail("batch: --resume needs --output FILE (the results so far)") end
+    local derr
+    done_lines, derr = M.read_results(o.output)
+    if not done_lines then args.fail("batch: --resume: " .. derr, 1) end
+  end
   local lines = {}
   local n = 0
   for l in inf:lines() do
     n = n + 1
-    if l:match("%S") then lines[#lines + 1] = { line = n, text = l } end
+    if l:match("%S") then
+      if done_lines[n] then n_done = n_done + 1 else lines[#lines + 1] = { line = n, text = l } end
+    end
   end
   if inf ~= io.stdin then inf:close() end
   local model, merr = tide.model(o.model, { max_tokens = o.budget, cache = { context = o.context,
@@ -279,7 +339,7 @@ function M.run(argv)
   local out
   if o.output == "-" then out = io.stdout else
     local err
-    out, err = io.open(o.output, "wb")
+    out, err = io.open(o.output, o.resume and "ab" or "wb")
     if not out then args.fail("batch: cannot write " .. tostring(err), 1) end
   end
   -- submit everything; bad lines get their error now
@@ -289,14 +349,8 @@ function M.run(argv)
   for i, L in ipairs(lines) do
     local s = { line = L.line }
     slots[i] = s
-    local okd, obj = pcall(cjson.decode, L.text)
-    local req, err, uid
-    if not okd then
-      err = "malformed JSON: " .. tostring(obj):gsub("^Expected", "expected")
-    else
-      req, err, uid = to_request(obj, o, samplers, model.tokenizer)
-      s.id = uid
-    end
+    local req, err, uid = M.parse_line(L.text, o, samplers, model.tokenizer)
+    s.id = uid
     if req then
       local oks, h, serr = pcall(eng.submit, eng, req)
       if not oks then err = tostring(h):gsub("^submit: ", "")
@@ -330,11 +384,13 @@ function M.run(argv)
           io.stderr:write("tide batch: line ", s.line, ": ", tostring(res.error), "\n")
         end
       end
-      out:write(encode(s.record), "\n")
+      -- one write of the whole line, flushed: a kill leaves complete lines
+      -- (and at most a cut last line, which --resume drops)
+      out:write(encode(s.record) .. "\n")
+      out:flush()
       s.record, s.handle = true, nil
       next_out = next_out + 1
     end
-    out:flush()
   end
   for _, s in ipairs(slots) do if s.record then done = done + 1 end end
   flush_ready()
@@ -366,6 +422,10 @@ function M.run(argv)
   if out ~= io.stdout then out:close() end
   if not o.quiet then
     local rep = eng:report()
+    if o.resume then
+      io.stderr:write(string.format("tide batch: --resume: %d request lines already had results in %s\n", n_done,
+        o.output))
+    end
     io.stderr:write(string.format("tide batch: %d requests (%d failed) in %.2f s: %d tokens generated (%.1f tokens/s), "
       .. "mean time to first token %.3f s, %d steps, %d preemptions, Lua scheduling %.2f%% of step time\n", #slots,
       failed, elapsed, rep.generated, rep.generated / math.max(elapsed, 1e-9), n_ttft > 0 and sum_ttft / n_ttft or 0,
