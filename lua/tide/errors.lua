@@ -19,8 +19,9 @@ end
 
 -- Is this chunk name one of tide's own files (lua/tide/..., scripts/)?
 local function internal(path)
-  if path:match("^%.%.%.") then return true end           -- shortened: always a long (installed) path
   if path:match("lua/tide/") or path:match("^tide/") then return true end
+  -- Lua shortens long chunk names to "...tail": tide's own files keep "/tide/" in the tail
+  if path:match("^%.%.%.") and path:match("/tide/[%w_/]*%.lua$") then return true end
   if path:match("scripts/[%w_]+%.lua$") then return true end
   return false
 end
