@@ -15,9 +15,9 @@
  * life). Calls naming an id that has finished or been dropped return
  * TIDE_HTTP_GONE and change nothing.
  *
- * Threads: every function except the ones named below is for one thread
- * (the caller's loop). libmicrohttpd's thread only touches the shared state
- * under the server's lock. */
+ * Threads: all of these functions are for one thread (the caller's loop).
+ * libmicrohttpd's thread touches the shared state only under the server's
+ * lock. */
 
 typedef struct tide_http tide_http;   /* opaque */
 
