@@ -166,7 +166,10 @@ int tide_kvcache_map_slots(const tide_kvcache *c, int32_t id, int32_t layer, int
                            const tide_tensor *local, tide_tensor *out);
 
 /* ---- step batches ---- */
-/* A reusable batch for up to max_tokens tokens. */
+/* A reusable batch for up to max_tokens tokens. It holds no reference to a
+ * cache: while prepared it is linked to one, and the link goes with either
+ * side (freeing a prepared batch aborts its step; destroying the cache
+ * unlinks the batch). */
 int tide_batch_new(tide_batch **out, int32_t max_tokens);
 void tide_batch_free(tide_batch *b);                /* NULL-safe */
 /* Empty the batch (fails while it is prepared). */
