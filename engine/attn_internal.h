@@ -59,6 +59,7 @@ typedef struct kv_undo {
 } kv_undo;
 
 struct tide_kvcache {
+  int64_t refs;                      /* atomic: the owner's plus tide_kvcache_retain's */
   tide_kvcache_config cfg;
   int32_t *ratios;
   kv_layer *layers;

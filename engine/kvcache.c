@@ -91,6 +91,7 @@ int tide_kvcache_new(tide_kvcache **out, const tide_kvcache_config *cfg) {
   if (ncomp && k.pages < 1) return TIDE_ERR(TIDE_E_INVALID, "compressed layers need pages > 0");
   tide_kvcache *c = tide_xcalloc(1, sizeof *c);
   if (!c) return TIDE_E_NOMEM;
+  c->refs = 1;
   c->ratios = tide_xcalloc((size_t)k.n_layers, sizeof(int32_t));
   c->layers = tide_xcalloc((size_t)k.n_layers, sizeof(kv_layer));
   c->ring_off = tide_xcalloc((size_t)ncomp + 1, sizeof(int64_t));
@@ -142,8 +143,15 @@ nomem:
   return TIDE_ERR(TIDE_E_NOMEM, "cache of %d layers, %d SWA blocks, %d pages", k.n_layers, k.swa_blocks, k.pages);
 }
 
+void tide_kvcache_retain(tide_kvcache *c) {
+  if (c) __atomic_add_fetch(&c->refs, 1, __ATOMIC_RELAXED);
+}
+
+/* Drops one reference; the last one destroys the cache, its sequences with it.
+ * A batch still prepared on it loses its link (freeing it later is safe). */
 void tide_kvcache_free(tide_kvcache *c) {
   if (!c) return;
+  if (__atomic_sub_fetch(&c->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
   if (c->layers)
     for (int i = 0; i < c->cfg.n_layers; i++) {
       tide_storage_release(c->layers[i].swa);

@@ -639,6 +639,7 @@ int tide_tok_streamer_new(tide_tok_streamer **out, const tide_tokenizer *tok, in
   if (flags & ~TIDE_TOK_SKIP_SPECIAL) return TIDE_ERR(TIDE_E_INVALID, "unknown streamer flags 0x%x", (unsigned)flags);
   tide_tok_streamer *s = tide_xcalloc(1, sizeof *s);
   if (!s) return TIDE_E_NOMEM;
+  tide_tokenizer_retain(tok);
   s->tok = tok;
   s->flags = flags;
   s->strip_left = tok->strip_start;
@@ -648,6 +649,7 @@ int tide_tok_streamer_new(tide_tok_streamer **out, const tide_tokenizer *tok, in
 
 void tide_tok_streamer_free(tide_tok_streamer *s) {
   if (!s) return;
+  tide_tokenizer_free((tide_tokenizer *)s->tok);   /* the streamer's reference */
   tide_xfree(s->buf);
   tide_xfree(s);
 }

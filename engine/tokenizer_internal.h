@@ -201,6 +201,7 @@ typedef struct tok_ws {
 } tok_ws;
 
 struct tide_tokenizer {
+  int64_t refs;                      /* atomic: the owner's, each streamer's, tide_tokenizer_retain's */
   char *path;                        /* the tokenizer.json read */
   tok_bpe bpe;
   int32_t n_ids;                     /* vocab size (max id + 1) */

@@ -955,8 +955,14 @@ static void describe(tide_tokenizer *t) {
   if (n > 0 && (size_t)n < cap) snprintf(d + n, cap - (size_t)n, "] added=%d", t->n_added);
 }
 
+void tide_tokenizer_retain(const tide_tokenizer *tok) {
+  /* the count is the one field a const holder may change */
+  if (tok) __atomic_add_fetch(&((tide_tokenizer *)tok)->refs, 1, __ATOMIC_RELAXED);
+}
+
 void tide_tokenizer_free(tide_tokenizer *t) {
   if (!t) return;
+  if (__atomic_sub_fetch(&t->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
   tide_xfree(t->path);
   tok_map_free(&t->bpe.vocab);
   tide_xfree(t->bpe.pairs);
@@ -1034,6 +1040,7 @@ int tide_tokenizer_load(tide_tokenizer **out, const char *path) {
     rc = TIDE_E_NOMEM;
     goto done;
   }
+  t->refs = 1;
   t->path = tide_xstrdup(json_path);
   load_ctx L = {t, json_path, 0};
   char err[200];

@@ -5,9 +5,11 @@
 
 #include "ref/refmodel.h"
 
+/* Holds no pointer to the checkpoint: the weights are tensor views that keep
+ * their shard mappings alive, and the config is copied into refm_cfg, so the
+ * checkpoint may be freed before or after the reference model. */
 struct tide_refmodel {
   refm *m;
-  tide_ckpt *ck;   /* not owned: only used while building */
 };
 
 static int get_tensor(void *ctx, const char *name, tide_tensor *out) {

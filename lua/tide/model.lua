@@ -118,10 +118,13 @@ end
 local function wrap_seq(model, id)
   local s = setmetatable({ model = model, id = id, _live = true }, Seq)
   model._seqs[id] = s
-  -- free the cache slot when the object is collected (deferred while a step runs)
-  s._gc = ffi.gc(ffi.new("int32_t[1]", id), function()
-    if s._live then model:_release(id) end
-  end)
+  -- The sequence holds a C reference to the cache, given back by _release,
+  -- so its finalizer may run after the cache's (at lua_close every one runs).
+  C.tide_kvcache_retain(model.cache)
+  -- Free the cache slot when the object is collected (deferred while a step
+  -- runs); Seq:free removes this finalizer. The closure must not reference
+  -- s: LuaJIT keeps finalizers strongly, so s would never be collected.
+  s._gc = ffi.gc(ffi.new("int32_t[1]", id), function() model:_release(id) end)
   return s
 end
 
@@ -132,6 +135,7 @@ function Model:_release(id)
     return
   end
   C.tide_kvcache_seq_free(self.cache, id)
+  C.tide_kvcache_free(self.cache)   -- the sequence's reference (wrap_seq)
   if self._refs then self._refs[id] = nil end
 end
 

@@ -54,7 +54,10 @@ function M.linear(w, scale)
   if scale ~= nil then need_tensor(scale, "scale", 2) end
   local box = ffi.new("tide_linear*[1]")
   check(C.tide_linear_new(box, w, scale), 2)
-  local self = setmetatable({ ptr = ffi.gc(box[0], C.tide_linear_free) }, Linear)
+  -- the handle references w's storage; Lua memory under a from_pointer
+  -- tensor stays alive through the tensor's keepalive
+  local self = setmetatable({ ptr = ffi.gc(box[0], C.tide_linear_free),
+    _keep = tensor._keep[w], _keep_s = scale ~= nil and tensor._keep[scale] or nil }, Linear)
   check(C.tide_linear_info(self.ptr, i64box, i64box + 1, intbox), 2)
   self.n, self.k, self.format = tonumber(i64box[0]), tonumber(i64box[1]), FORMATS[intbox[0]]
   self.bytes = tonumber(C.tide_linear_weight_bytes(self.ptr))

@@ -171,8 +171,10 @@ end
 
 -- Wrap memory Lua owns (an ffi array or a string kept alive by the caller):
 -- tide.from_pointer(ptr, dtype, shape, keepalive). The tensor keeps
--- `keepalive` referenced through a side table.
+-- `keepalive` referenced through a side table, and so do its views (the C
+-- storage of such a tensor cannot hold Lua memory alive by itself).
 local keep = setmetatable({}, { __mode = "k" })
+M._keep = keep   -- for wrappers of C objects that take such a tensor (tide.quant)
 function M.from_pointer(ptr, dtype, shape, keepalive)
   local nd, sh = shape_args(2, shape)
   local t = Tensor()
@@ -243,6 +245,7 @@ end
 function methods:narrow(dim, start, len)
   local v = Tensor()
   check(C.tide_tensor_narrow(v, self, norm_dim(self, dim, 2), start, len), 2)
+  if keep[self] ~= nil then keep[v] = keep[self] end
   return v
 end
 
@@ -251,12 +254,14 @@ function methods:select(dim, index)
   dim = norm_dim(self, dim, 2)
   if index < 0 and dim < self.ndim then index = index + tonumber(self.sizes[dim]) end
   check(C.tide_tensor_select(v, self, dim, index), 2)
+  if keep[self] ~= nil then keep[v] = keep[self] end
   return v
 end
 
 function methods:transpose(d0, d1)
   local v = Tensor()
   check(C.tide_tensor_transpose(v, self, norm_dim(self, d0 or 0, 2), norm_dim(self, d1 or 1, 2)), 2)
+  if keep[self] ~= nil then keep[v] = keep[self] end
   return v
 end
 function methods:t()
@@ -273,6 +278,7 @@ function methods:reshape(...)
   for i = 1, n do sh[i - 1] = dims[i] end
   local v = Tensor()
   check(C.tide_tensor_reshape(v, self, n, sh), 2)
+  if keep[self] ~= nil then keep[v] = keep[self] end
   return v
 end
 methods.view = methods.reshape
@@ -280,6 +286,7 @@ methods.view = methods.reshape
 function methods:view_dtype(dtype)
   local v = Tensor()
   check(C.tide_tensor_view_dtype(v, self, dtype_id(dtype, 2)), 2)
+  if keep[self] ~= nil then keep[v] = keep[self] end
   return v
 end
 

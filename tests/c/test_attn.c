@@ -762,7 +762,7 @@ static void scenario_vs_oracle(int chunk, int64_t len, int64_t every, int K, int
            * (up to near-ties); rerun the kernel selection for this token */
           oracle_scores(&O[L], S, L, 1234, p, osc, n);
           /* selection by the oracle, ties to the smaller index */
-          char *taken = calloc((size_t)n, 1);
+          char *taken = calloc((size_t)(n > 0 ? n : 1), 1); /* n > K here; the guard is for -O1 range analysis */
           for (int k = 0; k < K; k++) {
             int64_t best = -1;
             for (int64_t j = 0; j < n; j++)

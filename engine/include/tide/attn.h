@@ -70,9 +70,20 @@ typedef struct tide_kvcache_config {
 
 /* Create a cache; storage for all pools is allocated now (zero-filled).
  * Fails with TIDE_E_UNSUPPORTED for dims other than 512/64/128 and
- * TIDE_E_INVALID for bad ratios or sizes. */
+ * TIDE_E_INVALID for bad ratios or sizes. *out holds one reference.
+ *
+ * Ownership: the cache is reference counted. Whoever keeps a sequence id
+ * (or anything else that will call into the cache) beyond its owner's life
+ * takes a reference with tide_kvcache_retain and gives it back with
+ * tide_kvcache_free after its last call (for a sequence: after
+ * tide_kvcache_seq_free). The cache, and every sequence still in it, is
+ * destroyed when the last reference goes, so holders may be finalized in any
+ * order. A batch still prepared on a destroyed cache is unlinked (it can be
+ * freed or reused; it is no longer prepared). Not thread-safe against
+ * concurrent use of the same cache, like every other call here. */
 int tide_kvcache_new(tide_kvcache **out, const tide_kvcache_config *cfg);
-void tide_kvcache_free(tide_kvcache *c);            /* NULL-safe */
+void tide_kvcache_retain(tide_kvcache *c);          /* NULL-safe */
+void tide_kvcache_free(tide_kvcache *c);            /* drops one reference; NULL-safe */
 
 typedef struct tide_kvcache_stats {
   int32_t swa_blocks, swa_free;     /* pool capacity, free blocks */
@@ -155,7 +166,10 @@ int tide_kvcache_map_slots(const tide_kvcache *c, int32_t id, int32_t layer, int
                            const tide_tensor *local, tide_tensor *out);
 
 /* ---- step batches ---- */
-/* A reusable batch for up to max_tokens tokens. */
+/* A reusable batch for up to max_tokens tokens. It holds no reference to a
+ * cache: while prepared it is linked to one, and the link goes with either
+ * side (freeing a prepared batch aborts its step; destroying the cache
+ * unlinks the batch). */
 int tide_batch_new(tide_batch **out, int32_t max_tokens);
 void tide_batch_free(tide_batch *b);                /* NULL-safe */
 /* Empty the batch (fails while it is prepared). */

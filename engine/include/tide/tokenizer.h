@@ -44,9 +44,16 @@ void tide_tok_text_free(tide_tok_text *text);  /* same for text */
  * (tokenizer_config.json next to it is read if present). Errors name the
  * file and the JSON field: TIDE_E_IO (missing/unreadable), TIDE_E_FORMAT
  * (malformed), TIDE_E_UNSUPPORTED (a component tide does not implement).
- * *out is owned by the caller; free with tide_tokenizer_free. */
+ * *out holds one reference; tide_tokenizer_free drops it.
+ *
+ * Ownership: the tokenizer is reference counted and destroyed with its last
+ * reference. Each streamer holds one (taken by tide_tok_streamer_new, given
+ * back by tide_tok_streamer_free), so a streamer stays usable after the
+ * tokenizer's owner freed it, and the two may be freed in either order.
+ * Other holders take one with tide_tokenizer_retain. */
 int tide_tokenizer_load(tide_tokenizer **out, const char *path);
-void tide_tokenizer_free(tide_tokenizer *tok);    /* NULL-safe */
+void tide_tokenizer_retain(const tide_tokenizer *tok);   /* NULL-safe */
+void tide_tokenizer_free(tide_tokenizer *tok);    /* drops one reference; NULL-safe */
 
 /* Flags for encode and decode. */
 enum {
@@ -119,7 +126,8 @@ void tide_tokenizer_cache_stats(const tide_tokenizer *tok, int64_t *hits, int64_
  * UTF-8 are returned as U+FFFD. Concatenating every put() result and the
  * final flush() gives the same text as tide_tokenizer_decode of all the ids
  * (with the same flags; clean_up_tokenization_spaces is not applied).
- * The streamer borrows `tok`, which must outlive it. flags: SKIP_SPECIAL. */
+ * The streamer holds a reference to `tok` until tide_tok_streamer_free.
+ * flags: SKIP_SPECIAL. */
 int tide_tok_streamer_new(tide_tok_streamer **out, const tide_tokenizer *tok, int flags);
 void tide_tok_streamer_free(tide_tok_streamer *s);  /* NULL-safe */
 /* Feed one id. text and len receive the newly complete text (possibly empty),
