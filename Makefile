@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build test run asan-test bench fuzz lint clean
+.PHONY: all deps build test run asan-test bench fuzz soak lint clean
 
 all: build
 
@@ -38,8 +38,18 @@ asan-test: deps
 bench: build
 	@$(BUILD)/tide scripts/bench.lua
 
+# every libFuzzer target, FUZZ_SECONDS each (default 60), one after the other
 fuzz: deps
 	@scripts/fuzz.sh $(FUZZ_SECONDS)
+
+# scripts/soak.lua: SOAK_REQUESTS engine requests (default 2000) on a small
+# generated checkpoint, every way a request can end, counters back to baseline
+SOAK_REQUESTS ?= 2000
+SOAK_MODEL = $(BUILD)/models/soak
+soak: build
+	@test -f $(SOAK_MODEL)/config.json || $(BUILD)/tide scripts/make_checkpoint.lua --preset tiny \
+	  --set n_routed_experts=8 --set num_experts_per_tok=2 --quiet --out $(SOAK_MODEL)
+	@$(BUILD)/tide scripts/soak.lua --model $(SOAK_MODEL) --requests $(SOAK_REQUESTS)
 
 lint:
 	@luacheck --quiet --no-color lua scripts tests/lua

@@ -1001,6 +1001,13 @@ int tide_st_writer_finish(tide_st_writer *w, int header_only) {
     w->failed = 1;
     return TIDE_ERR(TIDE_E_IO, "%s: cannot size the file to %lld bytes: %s", w->path, (long long)size, strerror(errno));
   }
+  /* durable before it is visible: the data reaches the disk, then the
+   * rename replaces the old file in one step, then the directory entry is
+   * synced; a crash or a kill at any point leaves the old file or the new */
+  if (fsync(w->fd) != 0) {
+    w->failed = 1;
+    return TIDE_ERR(TIDE_E_IO, "%s: fsync failed: %s", w->path, strerror(errno));
+  }
   if (close(w->fd) != 0) {
     int e = errno;
     w->fd = -1;
@@ -1012,6 +1019,16 @@ int tide_st_writer_finish(tide_st_writer *w, int header_only) {
     int e = errno;
     unlink(w->tmp);
     return TIDE_ERR(TIDE_E_IO, "cannot rename '%s' to '%s': %s", w->tmp, w->path, strerror(e));
+  }
+  const char *slash = strrchr(w->path, '/');
+  char dir[4096];
+  if (!slash) snprintf(dir, sizeof dir, ".");
+  else if (slash == w->path) snprintf(dir, sizeof dir, "/");
+  else snprintf(dir, sizeof dir, "%.*s", (int)(slash - w->path), w->path);
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    fsync(dfd); /* best effort: some file systems refuse a directory fsync */
+    close(dfd);
   }
   return TIDE_OK;
 }

@@ -7,9 +7,9 @@ shift || true
 mkdir -p "$BUILD/test-tmp"
 cd "$BUILD" || exit 1
 log=$(mktemp)
-# TIDE_TEST_TIMEOUT: the default per-test limit in seconds (a guard against
-# hangs; sanitizer builds raise it)
-ctest --output-on-failure -j2 --timeout "${TIDE_TEST_TIMEOUT:-900}" "$@" 2>&1 | tee "$log"
+# TIDE_TEST_TIMEOUT: the per-test limit in seconds, a hang detector only (an hour
+# by default): no test may fail because a shared machine is slow
+ctest --output-on-failure -j2 --timeout "${TIDE_TEST_TIMEOUT:-3600}" "$@" 2>&1 | tee "$log"
 rc=$?
 line=$(grep -E 'tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -n 1)
 rm -f "$log"
