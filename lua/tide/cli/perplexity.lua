@@ -136,7 +136,9 @@ function M.run(argv)
     local bf = io.open(o.kld_base, "rb")
     if bf then
       local hdr = bf:read(8 + 12)
-      if not hdr or hdr:sub(1, 8) ~= MAGIC then args.fail("perplexity: " .. o.kld_base .. " is not a tide KL base", 1) end
+      if not hdr or hdr:sub(1, 8) ~= MAGIC then
+        args.fail("perplexity: " .. o.kld_base .. " is not a tide KL base", 1)
+      end
       local h = ffi.new("int32_t[3]")
       ffi.copy(h, hdr:sub(9), 12)
       if h[0] ~= V or h[1] ~= N then
@@ -201,7 +203,9 @@ function M.run(argv)
         -- KL(base || new) over these rows = sum P_b (z_b - z_n) - lse_b + lse_n (rows of raw logits)
         local bytes_needed = sp.n * V * 4
         local s = base.f:read(bytes_needed)
-        if not s or #s ~= bytes_needed then args.fail("perplexity: " .. o.kld_base .. " is truncated", 1) end
+        if not s or #s ~= bytes_needed then
+          args.fail("perplexity: " .. o.kld_base .. " is truncated", 1)
+        end
         local b = brow:narrow(0, 0, sp.n)
         ffi.copy(b.data, s, bytes_needed)
         local lse_b = 0
@@ -245,12 +249,13 @@ function M.run(argv)
     end
     print("{" .. table.concat(parts, ", ") .. "}")
   else
-    print(string.format("%d tokens, %d bytes, %d windows of %d: perplexity %.4f, %.4f nats/token, %.4f bits/byte (%.1f s)",
-      N, bytes, nwin, ctx, ppl, nll / N, bpb, secs))
+    print(string.format("%d tokens, %d bytes, %d windows of %d: perplexity %.4f, %.4f nats/token, "
+      .. "%.4f bits/byte (%.1f s)", N, bytes, nwin, ctx, ppl, nll / N, bpb, secs))
     if out then print("saved the logits to " .. o.kld_base) end
     if base then
-      print(string.format("vs %s: base perplexity %.4f, delta %+.4f (%+.3f%%); mean KL(base||run) %.3g nats/token; top-1 agreement %.3f%%",
-        o.kld_base, r.base_ppl, r.delta_ppl, 100 * r.delta_ppl / r.base_ppl, r.kl, 100 * r.top1))
+      print(string.format("vs %s: base perplexity %.4f, delta %+.4f (%+.3f%%); mean KL(base||run) %.3g "
+        .. "nats/token; top-1 agreement %.3f%%", o.kld_base, r.base_ppl, r.delta_ppl,
+        100 * r.delta_ppl / r.base_ppl, r.kl, 100 * r.top1))
     end
   end
   model:close()
