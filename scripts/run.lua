@@ -1,34 +1,26 @@
--- scripts/run.lua: what `make run` runs. Loads the built-in default model
--- (build/models/demo: DeepSeek-V4 layer wiring at tiny sizes with DeepSeek's
--- real 129,280-token vocabulary and tokenizer; generated on first run by
--- scripts/make_checkpoint.lua, deterministic, random weights) and streams a
--- generation with the default sampler. Random weights give random text: the
--- point is the whole path — tokenizer, chat template, paged caches, sparse
--- attention, MoE, sampler — running end to end.
+-- scripts/run.lua: what `make run` runs. Loads the trained default model
+-- (models/tide-tiny-en: DeepSeek-V4's architecture at tiny sizes, trained on
+-- the King James Bible and the fortune(6) collections by scripts/train/, in
+-- DeepSeek's FP8 / MXFP4 formats; see docs/training.md) and streams a
+-- continuation of a prompt with the default sampler: readable (if old-fashioned)
+-- English, produced by every path of the engine — tokenizer, paged caches,
+-- sliding window, compressed and top-k sparse attention, mHC, MoE, sampler.
 --   tide scripts/run.lua [MODEL_DIR] [PROMPT]
+-- The random generator (scripts/make_checkpoint.lua) stays for the tests.
 local tide = require("tide")
 
 local root = (arg and arg[0] and arg[0]:match("^(.*)/scripts/[^/]*$")) or "."
-local dir = arg and arg[1] or (root .. "/build/models/demo")
+local dir = arg and arg[1] or (root .. "/models/tide-tiny-en")
 
-local function exists(p)
-  local f = io.open(p, "rb")
-  if f then f:close() return true end
-  return false
+local f = io.open(dir .. "/config.json", "rb")
+if not f then
+  io.stderr:write("run: no model in " .. dir .. " (the trained one is models/tide-tiny-en; `make train` rebuilds it)\n")
+  os.exit(1)
 end
-
-if not exists(dir .. "/config.json") then
-  io.stderr:write("run: generating the default model in " .. dir .. " (once)\n")
-  local mk = assert(loadfile(root .. "/scripts/make_checkpoint.lua"))
-  local saved = arg
-  _G.arg = { [0] = root .. "/scripts/make_checkpoint.lua", "--preset", "demo", "--out", dir, "--quiet" }
-  local ok, err = pcall(mk)
-  _G.arg = saved
-  if not ok then error("run: could not generate the default model: " .. tostring(err), 0) end
-end
+f:close()
 
 io.stderr:write(string.format("tide %s on %s, %d threads; model %s\n", tide.version, tide.cpu(), tide.threads(), dir))
-local prompt = arg and arg[2] or "Write a haiku about the sea."
+local prompt = arg and arg[2] or "And it came to pass, when the king heard"
 local gen = require("tide.cli.generate")
-local rc = gen.run({ "--model", dir, "--prompt", prompt, "--chat", "--max-tokens", "48", "--seed", "42" })
+local rc = gen.run({ "--model", dir, "--prompt", prompt, "--max-tokens", "96", "--seed", "42" })
 os.exit(rc or 0)
