@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build test run asan-test bench fuzz soak lint clean
+.PHONY: all deps build test run train asan-test bench fuzz soak lint clean
 
 all: build
 
@@ -23,6 +23,10 @@ test: build
 
 run: build
 	@$(BUILD)/tide scripts/run.lua
+
+# the trained model: corpus, tokenizer, PyTorch training (~1 h on 2 cores), export (scripts/train/)
+train: build
+	@scripts/train/pipeline.sh
 
 # The whole suite (C tests, every Lua spec, the CLI tests) against an ASan +
 # UBSan build; the first finding fails the test that made it (ASAN_OPTIONS

@@ -1,11 +1,12 @@
--- scripts/run.lua: what `make run` runs. Loads the default model
--- (tide.default_model(); today build/models/demo: DeepSeek-V4 layer wiring at tiny sizes with DeepSeek's
--- real 129,280-token vocabulary and tokenizer; generated on first run by
--- scripts/make_checkpoint.lua, deterministic, random weights) and streams a
--- generation with the default sampler. Random weights give random text: the
--- point is the whole path — tokenizer, chat template, paged caches, sparse
--- attention, MoE, sampler — running end to end.
+-- scripts/run.lua: what `make run` runs. Loads the trained default model
+-- (models/tide-tiny-en: DeepSeek-V4's architecture at tiny sizes, trained on
+-- the King James Bible and the fortune(6) collections by scripts/train/, in
+-- DeepSeek's FP8 / MXFP4 formats; see docs/training.md) and streams a
+-- continuation of a prompt with the default sampler: readable (if old-fashioned)
+-- English, produced by every path of the engine — tokenizer, paged caches,
+-- sliding window, compressed and top-k sparse attention, mHC, MoE, sampler.
 --   tide scripts/run.lua [MODEL_DIR] [PROMPT]
+-- The random generator (scripts/make_checkpoint.lua) stays for the tests.
 local tide = require("tide")
 
 local dir = arg and arg[1]
@@ -15,7 +16,7 @@ if not dir then
   if not dir then error("run: " .. tostring(err), 0) end
 end
 io.stderr:write(string.format("tide %s on %s, %d threads; model %s\n", tide.version, tide.cpu(), tide.threads(), dir))
-local prompt = arg and arg[2] or "Write a haiku about the sea."
+local prompt = arg and arg[2] or "And it came to pass, when the king heard"
 local gen = require("tide.cli.generate")
-local rc = gen.run({ "--model", dir, "--prompt", prompt, "--chat", "--max-tokens", "48", "--seed", "42" })
+local rc = gen.run({ "--model", dir, "--prompt", prompt, "--max-tokens", "96", "--seed", "42" })
 os.exit(rc or 0)

@@ -48,11 +48,11 @@ function tide.last_error() return tffi.last_error() end
 function tide.help() print(require("tide.repl").help_text()) end
 
 -- The model every entry point uses when none is given (`make run`, tide.model(),
--- tide chat, tide generate): $TIDE_MODEL when set, else build/models/demo,
+-- tide chat, tide generate, tide serve): $TIDE_MODEL when set, else the
+-- trained models/tide-tiny-en that ships in the tree, else build/models/demo,
 -- generated on first use by scripts/make_checkpoint.lua (DeepSeek-V4 wiring
 -- at tiny sizes, DeepSeek's real tokenizer, random weights). The one place
--- to change when a trained default model lands. Returns the directory, or
--- nil, message when it cannot be made.
+-- that decides it. Returns the directory, or nil, message when it cannot be made.
 function tide.default_model(opts)
   opts = opts or {}
   local env = os.getenv("TIDE_MODEL")
@@ -60,8 +60,13 @@ function tide.default_model(opts)
   local exe = rawget(_G, "_TIDE_EXE")
   local lua_dir = exe and exe.lua_dir or (debug.getinfo(1, "S").source:sub(2):match("^(.*)/tide/[^/]*$") or "lua")
   local root = lua_dir:match("^(.*)/lua/?$") or "."
+  -- the trained model that ships in the tree (docs/training.md), else the
+  -- random demo model, generated once
+  local trained = root .. "/models/tide-tiny-en"
+  local f = io.open(trained .. "/config.json", "rb")
+  if f then f:close() return trained end
   local dir = root .. "/build/models/demo"
-  local f = io.open(dir .. "/config.json", "rb")
+  f = io.open(dir .. "/config.json", "rb")
   if f then f:close() return dir end
   if opts.generate == false then return nil, "the default model " .. dir .. " has not been generated yet" end
   io.stderr:write("tide: generating the default model in " .. dir .. " (once)\n")

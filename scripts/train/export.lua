@@ -15,7 +15,8 @@ local ckpt = require("tide.checkpoint")
 local cjson = require("cjson")
 
 local spec = {
-  ["in"] = { type = "string", meta = "DIR", required = true, help = "export.py output (config.json, model.f32.safetensors)" },
+  ["in"] = { type = "string", meta = "DIR", required = true,
+    help = "export.py output (config.json, model.f32.safetensors)" },
   out = { type = "string", meta = "DIR", required = true, help = "checkpoint directory to write" },
   variant = { type = "string", default = "fp8", help = "fp8 (FP8 linears, MXFP4 experts) or bf16" },
   tokenizer = { type = "string", meta = "DIR", help = "copy tokenizer.json and tokenizer_config.json from DIR" },

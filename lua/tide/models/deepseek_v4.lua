@@ -308,13 +308,16 @@ function Net:attention(l, st)
     run_pair(l.comp, T, ROUND_LIN)
     check(C.tide_attn_compress(cache, L, v[l.kvs_name], l.c_ape, l.c_norm, self.eps, b, rope))
   end
-  -- 7. C4 top-k when some token sees more entries than index_topk
-  if l.ratio == 4 and st.max_visible4 > self.cfg.index_topk then
+  -- 7. C4 top-k when some token sees more entries than index_topk.
+  -- self.index_mode (a measurement switch, normally nil): "dense" attends to
+  -- every visible entry; a function(L, topk, st) rewrites the indexer's picks.
+  if l.ratio == 4 and st.max_visible4 > self.cfg.index_topk and self.index_mode ~= "dense" then
     linear_fwd(l.i_wq_b, st.qi2d, qr, ROUND_LIN)
     linear_fwd(l.i_wproj, v.iw, v.x, ROUND_LIN)
     check(C.tide_attn_indexer_q(v.q8, v.iw, v.qi, v.iw, self.iwscale, b, rope))
     check(C.tide_attn_indexer_topk(cache, L, v.q8, v.iw, b, v.topk, st.scores and st.scores[L] or nil))
     topk = v.topk
+    if self.index_mode then self.index_mode(L, topk, st) end
   end
   if st.on_topk and l.ratio == 4 then st.on_topk(L, topk) end
   -- 8. sparse attention over window + compressed entries, sink in the denominator
