@@ -14,13 +14,15 @@
 -- (every visible entry is scored, K are attended), so the timing is that of
 -- a real context without prefilling 32K tokens first. --real-context
 -- prefills them instead (slow).
---   tide scripts/bench_model.lua [--quick] [--real-context] [--model DIR] [--threads N]
+-- --profile [B] instead times every C call of B-sequence decode steps
+-- (default 1) and sums them per sub-layer (see profile below).
+--   tide scripts/bench_model.lua [--quick] [--real-context] [--model DIR] [--threads N] [--profile [B]]
 local tide = require("tide")
 local ffi = require("ffi")
 local C = tide.C
 
 local root = (arg and arg[0] and arg[0]:match("^(.*)/scripts/[^/]*$")) or "."
-local opts = { quick = false, real = false, model = root .. "/build/models/bench", threads = nil }
+local opts = { quick = false, real = false, model = root .. "/build/models/bench", threads = nil, profile = nil }
 local i = 1
 while arg and arg[i] do
   local a = arg[i]
@@ -28,6 +30,9 @@ while arg and arg[i] do
   elseif a == "--real-context" then opts.real = true
   elseif a == "--model" then i = i + 1; opts.model = arg[i]
   elseif a == "--threads" then i = i + 1; opts.threads = tonumber(arg[i])
+  elseif a == "--profile" then
+    opts.profile = 1
+    if tonumber(arg[i + 1]) then i = i + 1; opts.profile = tonumber(arg[i]) end
   else error("bench_model: unknown argument " .. a) end
   i = i + 1
 end
@@ -64,6 +69,135 @@ local function rss_kb(field)
   end
   f:close()
   return 0
+end
+
+-- ---- --profile: where a decode step's time goes. A second instance of the
+-- model is built through a proxy of the C library that times every call
+-- (wall clock) and files it under a sub-layer: linear calls by the handle
+-- or job array they run, the rest by function. The shared expert runs
+-- inside tide_moe_forward; its share is estimated by timing its three
+-- products alone at the same row count, rotating over the layers so they
+-- come from DRAM as in a step. B sequences decode one token each per step.
+local function profile(B)
+  local tffi = require("tide.ffi")
+  local realC = tffi.C
+  local clock = realC.tide_time
+  local acc, ncalls, by_handle = {}, {}, {}
+  local function addr(p) return tostring(tonumber(ffi.cast("uintptr_t", p))) end
+  local by_fn = {
+    tide_attn_sparse = "sparse attention", tide_attn_q_prep = "sparse attention",
+    tide_attn_kv_insert = "sparse attention", tide_attn_o_unrope = "sparse attention",
+    tide_attn_compress = "compressors + indexer", tide_attn_compress_indexer = "compressors + indexer",
+    tide_attn_indexer_q = "compressors + indexer", tide_attn_indexer_topk = "compressors + indexer",
+    tide_hc_pre = "mHC (pre, post, head)", tide_hc_post = "mHC (pre, post, head)",
+    tide_hc_head = "mHC (pre, post, head)",
+    tide_rmsnorm = "RMSNorm", tide_route_topk = "MoE gate + routing", tide_route_hash = "MoE gate + routing",
+    tide_moe_forward = "MoE experts (routed + shared)", tide_embed = "embedding",
+  }
+  local lin_fn = { tide_linear_forward_ex = true, tide_linear_forward_many = true, tide_linear_forward_grouped = true }
+  local proxy = setmetatable({}, { __index = function(t, k)
+    local f = realC[k]
+    if type(f) ~= "cdata" then return f end
+    local wf = function(a1, ...)
+      local a = clock()
+      local r = f(a1, ...)
+      local dt = clock() - a
+      local cat = by_fn[k] or (lin_fn[k] and by_handle[addr(a1)]) or ("other C (" .. k .. ")")
+      acc[cat] = (acc[cat] or 0) + dt
+      ncalls[cat] = (ncalls[cat] or 0) + 1
+      return r
+    end
+    rawset(t, k, wf)
+    return wf
+  end })
+  tffi.C = proxy
+  package.loaded["tide.models.deepseek_v4"] = nil
+  package.loaded["tide.model"] = nil
+  local pm = assert(require("tide.model").load(opts.model, { max_tokens = math.max(16, B), tokenizer = false,
+    cache = { context = 512, max_seqs = B + 1, seq_budget = B } }))
+  tffi.C = realC
+  local net, cfg = pm.net, pm.config
+  by_handle[addr(net.head)] = "LM head"
+  for L = 0, net.n_layers - 1 do
+    local l = net.layers[L]
+    for _, h in ipairs({ l.qkv.jobs, l.wq_b, l.wo_a, l.wo_b }) do by_handle[addr(h)] = "attention projections" end
+    for _, h in ipairs({ l.comp and l.comp.jobs, l.icomp and l.icomp.jobs, l.i_wq_b, l.i_wproj }) do
+      if h then by_handle[addr(h)] = "compressors + indexer" end
+    end
+    by_handle[addr(l.gate)] = "MoE gate + routing"
+  end
+  local V = cfg.vocab_size
+  local seqs = {}
+  for b = 1, B do seqs[b] = pm:sequence() end
+  local function step(k)
+    local e = {}
+    for b = 1, B do e[b] = { seq = seqs[b], tokens = { (k * 131 + b * 17) % V } } end
+    pm:step(e)
+  end
+  for k = 1, 3 do step(k) end
+  for key in pairs(acc) do acc[key], ncalls[key] = 0, 0 end
+  local nt = opts.quick and 8 or 24
+  local a = tide.time()
+  for k = 1, nt do step(k + 3) end
+  local total = tide.time() - a
+  -- the shared expert alone: its three products at B rows, as in the block
+  local sh = 0
+  if cfg.n_shared_experts > 0 then
+    local q = tide.quant
+    local lins = {}
+    for L = 0, net.n_layers - 1 do
+      local P = "layers." .. L .. ".ffn.shared_experts."
+      local function one(n)
+        local s = pm.ck:has(P .. n .. ".scale") and pm.ck:tensor(P .. n .. ".scale") or nil
+        return q.linear(pm.ck:tensor(P .. n .. ".weight"), s)
+      end
+      lins[L] = { one("w1"), one("w3"), one("w2") }
+    end
+    local si = lins[0][1].n
+    local xd, xi = tide.randn({ B, cfg.hidden_size }, { seed = 3 }), tide.randn({ B, si }, { seed = 4 })
+    local yg, yu, yd = tide.zeros(B, si), tide.zeros(B, si), tide.zeros(B, cfg.hidden_size)
+    local reps = opts.quick and 4 or 8
+    local t0 = tide.time()
+    for _ = 1, reps do
+      for L = 0, net.n_layers - 1 do
+        q.forward_many({ { lins[L][1], xd, yg }, { lins[L][2], xd, yu } }, { round_bf16 = true })
+        lins[L][3]:forward(xi, { out = yd, round_bf16 = true })
+      end
+    end
+    sh = (tide.time() - t0) / reps
+    for L = 0, net.n_layers - 1 do for _, h in ipairs(lins[L]) do h:close() end end
+  end
+  local rows, csum = {}, 0
+  for k, v in pairs(acc) do
+    csum = csum + v
+    if ncalls[k] > 0 then rows[#rows + 1] = { k, v / nt } end
+  end
+  local moe = "MoE experts (routed + shared)"
+  if acc[moe] and sh > 0 then
+    local m = acc[moe] / nt
+    for _, r in ipairs(rows) do
+      if r[1] == moe then r[1], r[2] = "MoE routed experts (+ gather, SwiGLU, combine)", m - sh end
+    end
+    rows[#rows + 1] = { "MoE shared expert (timed alone)", sh }
+  end
+  rows[#rows + 1] = { "outside C (Lua wiring, FFI)", (total - csum) / nt }
+  table.sort(rows, function(x, y) return x[2] > y[2] end)
+  local step_ms = total / nt * 1e3
+  print(string.format("decode profile: %d sequence(s) x 1 token per step, %d steps, %d threads: %.2f ms per step "
+    .. "(%.1f tokens/s)", B, nt, tide.threads(), step_ms, B / (total / nt)))
+  print("")
+  print("| sub-layer | ms per step | share |")
+  print("|---|---:|---:|")
+  for _, r in ipairs(rows) do
+    print(string.format("| %s | %.3f | %.1f%% |", r[1], r[2] * 1e3, 100 * r[2] * 1e3 / step_ms))
+  end
+  for b = 1, B do seqs[b]:free() end
+  pm:close()
+end
+
+if opts.profile then
+  profile(opts.profile)
+  return
 end
 
 local contexts = opts.quick and { 0, 4096 } or { 0, 4096, 32768 }
