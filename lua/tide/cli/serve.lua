@@ -6,7 +6,7 @@ local sampling = require("tide.sampling")
 
 local spec = {
   model = { type = "string", meta = "DIR",
-    help = "checkpoint directory (default: the built-in demo model of `make run`, generated once)" },
+    help = "checkpoint directory (default: the model `make run` uses, tide.default_model())" },
   host = { type = "string", meta = "ADDR", default = "127.0.0.1", help = "address to listen on (numeric IPv4/IPv6)" },
   port = { type = "number", meta = "N", default = 8080, help = "TCP port (0: any free port; see --port-file)" },
   port_file = { type = "string", meta = "FILE", help = "write the bound port to FILE once listening" },
@@ -51,20 +51,11 @@ local function exists(p)
   return false
 end
 
--- the model `make run` uses, generated on first use
+-- the model `make run` uses (tide.default_model decides it), said on stderr
 local function default_model()
-  local src = debug.getinfo(1, "S").source:sub(2)
-  local root = src:match("^(.*)/lua/tide/cli/[^/]*$") or "."
-  local dir = root .. "/build/models/demo"
-  if not exists(dir .. "/config.json") then
-    io.stderr:write("tide serve: generating the default model in " .. dir .. " (once)\n")
-    local mk = assert(loadfile(root .. "/scripts/make_checkpoint.lua"))
-    local saved = arg
-    _G.arg = { [0] = root .. "/scripts/make_checkpoint.lua", "--preset", "demo", "--out", dir, "--quiet" }
-    local ok, err = pcall(mk)
-    _G.arg = saved
-    if not ok then args.fail("serve: could not generate the default model: " .. tostring(err), 1) end
-  end
+  local dir, derr = require("tide").default_model()
+  if not dir then args.fail("serve: no --model given and " .. tostring(derr), 1) end
+  io.stderr:write("tide serve: using the default model ", dir, " (--model DIR picks another)\n")
   return dir
 end
 
