@@ -16,7 +16,8 @@
 -- its sampler state and generator, which only move when that request samples;
 -- a preempted request releases its blocks and later recomputes its whole
 -- history (prompt and generated tokens) from position 0, which rebuilds its
--- caches and compressor state bit for bit. Progress: the oldest active
+-- caches and compressor state bit for bit (its probes run again over the
+-- recomputed positions, with the same rows). Progress: the oldest active
 -- request (the anchor) is never preempted and runs at least every `patience`
 -- steps, and every step runs at least one token, so every request finishes.
 -- docs/scheduling.md has the policy contract and the guarantees.
@@ -172,13 +173,15 @@ end
 
 -- ---------------------------------------------------------------- submission
 local SPEC_KEYS = { prompt = true, tokens = true, max_tokens = true, sampler = true, seed = true, stop = true,
-  priority = true, logprobs = true, trace = true, ignore_eos = true, on_token = true, tag = true }
+  priority = true, logprobs = true, trace = true, ignore_eos = true, on_token = true, tag = true, probes = true }
 
 -- eng:submit{ prompt = TEXT | tokens = {ids}, max_tokens = N (default 128),
 --   sampler = sampler | file path | options table (temp, top_k, ...) | nil,
 --   seed = S (nil or -1: random), stop = {strings and/or token ids},
 --   priority = P (higher first under "priority"), logprobs = N | true,
---   trace = bool, ignore_eos = bool, on_token = function(h, id, text), tag = any }
+--   trace = bool, ignore_eos = bool, on_token = function(h, id, text), tag = any,
+--   probes = { probe, ... } (tide.probe: on this request's rows only; a
+--   failing probe ends this request with finish_reason "error") }
 -- Returns a handle. Misuse (bad types, unknown fields, ids outside the
 -- vocabulary) raises; a request that could never fit (beyond the model's
 -- positions or larger than the whole cache) gives nil, message.
@@ -241,6 +244,7 @@ function Engine:submit(spec)
       .. "more than the whole cache this engine may use (%d SWA blocks, %d pages)", total, #toks, max_new, swa, pages,
       self.swa_cap, self.pages_cap)
   end
+  local probes = require("tide.probe").compile(model, spec.probes, 2)
   local sampler, serr = M.sampler_of(spec.sampler, model.tokenizer)
   if not sampler then error("submit: " .. tostring(serr), 2) end
   local gen = require("tide.generation").new{
@@ -253,7 +257,7 @@ function Engine:submit(spec)
   local r = setmetatable({
     engine = self, id = id, tag = spec.tag, arrival = id, priority = prio,
     tokens = {}, n_prompt = #toks, generated = {}, texts = {}, tail = "",
-    computed = 0, max_tokens = max_new, gen = gen, on_token = spec.on_token,
+    computed = 0, max_tokens = max_new, gen = gen, on_token = spec.on_token, probes = probes,
     status = "waiting", preemptions = 0, last_step = self.step_no, swa_held = 0, pages_held = 0,
     t_submit = now(),
   }, Request)
@@ -553,7 +557,8 @@ function Engine:step()
     for i, e in ipairs(entries) do
       -- the request's next span of tokens (the same spans m:feed runs)
       local r, n, c = e.r, e.n, e.r.computed
-      me[i] = { seq = r.seq, tokens = r.tokens, from = c + 1, n = n, logits = (c + n == #r.tokens) and "last" or false }
+      me[i] = { seq = r.seq, tokens = r.tokens, from = c + 1, n = n, logits = (c + n == #r.tokens) and "last" or false,
+        probes = r.probes }
     end
     if #me == 0 then break end
     local tm = now()
@@ -565,10 +570,18 @@ function Engine:step()
     self:_make_room(entries, 1)
   end
   local t1 = now()
+  -- a request whose probe failed did not run: it ends with the error
+  local failed = res.errors
+  if failed then
+    for i, e in ipairs(entries) do
+      if failed[i] then self:_finish(e.r, "error", failed[i]) end
+    end
+  end
   -- advance every entry, then sample (a callback may cancel another request)
   local ran = 0
-  for _, e in ipairs(entries) do
+  for i, e in ipairs(entries) do
     local r = e.r
+    if failed and failed[i] then goto continue end
     if #r.generated > 0 and e.n == 1 and r.computed + 1 == #r.tokens then
       stats.decode_tokens = stats.decode_tokens + 1
     else
@@ -578,6 +591,7 @@ function Engine:step()
     r.last_step = self.step_no
     r.swa_held, r.pages_held = r.seq:usage()
     ran = ran + e.n
+    ::continue::
   end
   for i, e in ipairs(entries) do
     if res[i] then self:_sample(e.r, res[i]) end

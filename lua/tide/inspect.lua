@@ -14,9 +14,10 @@
 --   print(tide.inspect.format(r))                 -- a small table per layer
 --
 -- Sessions re-run a past token exactly to inspect it (s:inspect{...}); the
--- chat's /inspect prints the tables. Without an inspect spec a step passes no
--- statistics or score buffers to the kernels and installs no hooks: it costs
--- nothing.
+-- chat's /inspect prints the tables. It is built on probes (tide.probe) at
+-- the attn_shares, attn_topk and moe_routes points: without an inspect spec
+-- (or another probe there) a step passes no statistics or score buffers to
+-- the kernels: it costs nothing.
 local tide = require("tide")
 local tffi = require("tide.ffi")
 local ffi = tffi.ffi
@@ -42,9 +43,9 @@ local function layer_list(model, layers)
   return layers
 end
 
--- Called by Model:step (opts.inspect = spec) after the step's views exist and
--- before the forward runs. Allocates the buffers the kernels fill for this
--- step and chains the wiring's hooks (on_topk, on_route). Fills in spec:
+-- Called by Model:step (opts.inspect = spec) after the step's views exist
+-- and before the forward runs; returns the probes (tide.probe) that fill
+-- the spec for every entry of the step:
 --   T, tokens = { {seq =, pos =, id =}, ... } (per token of the step),
 --   stats[L]  f32 [T, H, 4]  window mass, compressed mass, sink mass, lse
 --             (NaN where the wiring did not write, e.g. a replaced attention)
@@ -61,35 +62,58 @@ function M.arm(model, st, spec)
   spec.T = T
   spec.stats, spec.scores, spec.topk, spec.routes = {}, {}, {}, {}
   local tokens = {}
-  for i, sp in ipairs(st.spans) do
-    local sid = st.entries[i].seq.id
+  for _, sp in ipairs(st.spans) do
+    local sid = sp.seq.id
     for j = 0, sp.n - 1 do
       tokens[sp.first + j + 1] = { seq = sid, pos = sp.pos0 + j, id = st.ids[sp.first + j] }
     end
   end
   spec.tokens = tokens
-  local want = {}
-  st.stats, st.scores = {}, {}
-  for _, L in ipairs(layers) do
-    want[L] = true
-    local s = tide.full({ T, H, 4 }, NAN)
-    st.stats[L], spec.stats[L] = s, s
-    if cfg.ratios[L] == 4 then
-      local sc = tide.full({ T, math.max(1, st.max_visible4) }, NAN)
-      st.scores[L], spec.scores[L] = sc, sc
+  local S = math.max(1, st.max_visible4)
+  local K = cfg.index_topk
+  local function rows(t, info) return t:narrow(0, info.row, info.n) end
+  local function shares(s, info)
+    local L = info.layer
+    spec.stats[L] = spec.stats[L] or tide.full({ T, H, 4 }, NAN)
+    rows(spec.stats[L], info):copy(s)
+  end
+  local function topk(sel, info)
+    local L = info.layer
+    if info.scores then
+      spec.scores[L] = spec.scores[L] or tide.full({ T, S }, NAN)
+      rows(spec.scores[L], info):copy(info.scores)
+    end
+    if sel then
+      if not spec.topk[L] then spec.topk[L] = tide.full({ T, K }, -1, "i32") end
+      rows(spec.topk[L], info):copy(sel)
+    elseif spec.topk[L] == nil then
+      spec.topk[L] = false
     end
   end
-  local prev_topk = st.on_topk
-  st.on_topk = function(L, topk)
-    if prev_topk then prev_topk(L, topk) end
-    if want[L] then spec.topk[L] = topk and topk:clone() or false end
+  local function routes(ids, info)
+    local L = info.layer
+    local k = ids:size(1)
+    local r = spec.routes[L]
+    if not r then
+      r = { ids = tide.zeros({ T, k }, "i32"), weights = tide.zeros({ T, k }) }
+      spec.routes[L] = r
+    end
+    rows(r.ids, info):copy(ids)
+    rows(r.weights, info):copy(info.weights)
   end
-  local prev_route = st.on_route
-  st.on_route = function(L, ids, w)
-    if prev_route then prev_route(L, ids, w) end
-    spec.routes[L] = { ids = ids:clone(), weights = w:clone() }
+  -- every watched layer has stats (NaN until written); ratio-4 layers scores
+  for _, L in ipairs(layers) do
+    spec.stats[L] = tide.full({ T, H, 4 }, NAN)
+    if cfg.ratios[L] == 4 then spec.scores[L] = tide.full({ T, S }, NAN) end
   end
-  return spec
+  local list = {
+    { at = "attn_shares", layers = layers, fn = shares, name = "inspect" },
+    { at = "moe_routes", fn = routes, name = "inspect" },
+  }
+  local four = {}
+  for _, L in ipairs(layers) do if cfg.ratios[L] == 4 then four[#four + 1] = L end end
+  if #four > 0 then list[#list + 1] = { at = "attn_topk", layers = four, fn = topk, name = "inspect" } end
+  return list
 end
 
 local function num(x)

@@ -7,15 +7,20 @@
 --   local out = m:step{ { seq = s, tokens = { 42 }, logits = "last" } }
 --   m:logits({ 0, 5, 17 }, { mode = "chunked:2" }) -- [T, vocab], a fresh sequence
 --
--- A step (m:step) runs the flattened tokens of several sequences at once,
--- prefill chunks and decode tokens mixed: it validates everything first
--- (token ids, positions, capacity), prepares the cache (all or nothing),
--- runs the network, and commits; an error anywhere in the network (a bad
--- edit of the wiring, a hook that raises) aborts the step and leaves every
--- sequence exactly as it was. Results for a token do not depend on the other
--- tokens of the step, the chunking, or the thread count (docs/design.md 1).
+-- This file loads, hands out sequences and runs steps; everything specific
+-- to a model family (its derived config, cache layout, per-step data, the
+-- forward, its probe points) is in lua/tide/models/<family>.lua. A step
+-- (m:step) runs the flattened tokens of several sequences at once, prefill
+-- chunks and decode tokens mixed: validate -> batch -> begin_step ->
+-- prepare -> forward -> logits -> commit. An error anywhere in the network (a
+-- bad edit of the wiring) aborts the step and leaves every sequence exactly
+-- as it was; a failing probe (tide.probe) ends only its own entry. Results
+-- for a token do not depend on the other tokens of the step, the chunking,
+-- or the thread count (docs/design.md 1). m:feed is the one chunked-prefill
+-- loop; reference mode and decision dumps are probes (tide.probe_reference).
 local tide = require("tide")
 local tffi = require("tide.ffi")
+local probe = require("tide.probe")
 local ffi, C, check = tffi.ffi, tffi.C, tffi.check
 
 local M = {}
@@ -100,8 +105,8 @@ function M.load(path, opts)
     vocab_size = net.vocab, max_tokens = net.max_tokens,
     max_positions = cfg.max_position_embeddings,
     _seqs = {},          -- live Sequence objects by id (weak values)
-    _reference = nil,    -- nil, "all", or a set of layer indices
-    _ref_err = {},       -- per layer: { attn = {n, sum_sq_err, sum_sq_ref}, moe = ... }
+    _probes = nil,       -- compiled model-wide probes (m:probe, use_reference)
+    _reference = nil,    -- nil, "all", or a set of layer indices (probe_reference)
     _logit_rows = 0,
     name = ck.path or tostring(path),
   }, Model)
@@ -157,7 +162,7 @@ function Seq:fork()
   if rc == TIDE_FULL then return nil, "no free sequence slot (cache max_seqs)" end
   check(rc, 2)
   local f = wrap_seq(self.model, i32box[0])
-  if self.model._refs and self.model._refs[self.id] then
+  if self.model._refs and self.model._refs[self] then
     f._noref = true   -- the reference model's dense state cannot be forked
   end
   return f
@@ -230,6 +235,27 @@ function Model:_has_compressed()
   return self._n_comp > 0
 end
 
+-- ---------------------------------------------------------------- probes
+-- m:probe(p) or m:probe{ p1, p2, ... }: probes (tide.probe) on every
+-- sequence of every step from now on. Returns a handle; h:remove() detaches
+-- them. Misuse (unknown point, layer out of range) raises.
+function Model:probe(list)
+  local compiled = probe.compile(self, list, 2)
+  if not compiled then error("probe: nothing to attach", 2) end
+  self._probes = self._probes or {}
+  local mine = {}
+  for _, pr in ipairs(compiled) do
+    self._probes[#self._probes + 1] = pr
+    mine[pr] = true
+  end
+  local model = self
+  return { remove = function()
+    local keep = {}
+    for _, pr in ipairs(model._probes or {}) do if not mine[pr] then keep[#keep + 1] = pr end end
+    model._probes = #keep > 0 and keep or nil
+  end }
+end
+
 -- ---------------------------------------------------------------- reference
 -- m:use_reference(true | "all")   whole forward through the golden reference
 -- m:use_reference({3, 5})         the attention and MoE of layers 3 and 5
@@ -237,44 +263,9 @@ end
 -- The reference follows each sequence from position 0 (its dense state), so
 -- switch it on before the sequences you want to measure start. The fast path
 -- still runs (it keeps the cache); per layer, m:reference_report() gives the
--- fast path's error against the reference on what ran since.
-function Model:use_reference(spec)
-  if spec == false or spec == nil then
-    self._reference = nil
-  elseif spec == true or spec == "all" then
-    self._reference = "all"
-  elseif type(spec) == "table" then
-    local set = {}
-    for _, L in ipairs(spec) do
-      if type(L) ~= "number" or L < 0 or L >= self.net.n_layers then
-        error("use_reference: layer " .. tostring(L) .. " out of range 0.." .. (self.net.n_layers - 1), 2)
-      end
-      set[L] = true
-    end
-    self._reference = set
-  elseif type(spec) == "number" then
-    return self:use_reference({ spec })
-  else
-    error("use_reference(true | false | {layers...})", 2)
-  end
-  self._ref_err = {}
-  return self
-end
-
-function Model:_ref_for(seq)
-  self._refs = self._refs or {}
-  local r = self._refs[seq.id]
-  if r then return r end
-  if seq._noref then error("reference mode: this sequence was forked and has no reference state", 3) end
-  if seq:len() ~= 0 then
-    error("reference mode was switched on after this sequence started; start a new sequence", 3)
-  end
-  local box = ffi.new("tide_refmodel*[1]")
-  check(C.tide_refmodel_new(box, self.ck._h), 3)
-  r = ffi.gc(box[0], C.tide_refmodel_free)
-  self._refs[seq.id] = r
-  return r
-end
+-- fast path's error against the reference on what ran since. Built on
+-- model-wide probes (lua/tide/probe_reference.lua).
+function Model:use_reference(spec) return require("tide.probe_reference").use(self, spec, 2) end
 
 -- Per-layer error of the fast path against the reference since
 -- use_reference, on the sub-layer output (both paths get the same input):
@@ -282,60 +273,17 @@ end
 -- where `equal` is the fraction of output elements that are bitwise equal:
 -- both paths round to bf16 at the same points, so it stays near 1 unless a
 -- rounding point or a quantisation step differs (then it falls far).
-function Model:reference_report()
-  local out = {}
-  for L, e in pairs(self._ref_err) do
-    out[L] = {}
-    for k, v in pairs(e) do
-      out[L][k] = { tokens = v.n, mean_nmse = v.n > 0 and v.sum / v.n or 0, max_nmse = v.max,
-        equal = v.elems > 0 and v.equal / v.elems or 0 }
-    end
-  end
-  return out
-end
+function Model:reference_report() return require("tide.probe_reference").report(self) end
 
 -- Logits of every position of `tokens` computed by the golden reference
 -- alone (a fresh reference state, nothing of the fast path), as [T, vocab].
 -- opts.replay = { topk = dump, routes = dump } forces the reference to take
 -- the given discrete decisions (the tables `dump_topk` / `dump_routes` of a
--- step, or the parsed JSON of `tide logits --dump-*`: layers -> per-token
+-- step, or the parsed JSON of `tide logits --dump-*`: layers -> per-position
 -- lists), so the continuous numbers of two implementations can be compared
 -- with near-ties held equal (doc section 8). opts.dump_topk / dump_routes
 -- record the reference's own decisions.
-function Model:reference_logits(tokens, opts)
-  opts = opts or {}
-  local T, V = #tokens, self.vocab_size
-  local box = ffi.new("tide_refmodel*[1]")
-  check(C.tide_refmodel_new(box, self.ck._h), 2)
-  local ref = ffi.gc(box[0], C.tide_refmodel_free)
-  local replay = opts.replay or {}
-  local ids = ffi.new("int32_t[?]", math.max(self.config.index_topk, 64))
-  local function rows(dump, L)
-    if not dump then return nil end
-    return dump[L] or dump[tostring(L)]
-  end
-  local out = tide.zeros({ T, V })
-  local st = { ref_dump_topk = opts.dump_topk, ref_dump_routes = opts.dump_routes }
-  for t = 0, T - 1 do
-    for L = 0, self.net.n_layers - 1 do
-      local rt = rows(replay.topk, L)
-      if rt and rt[t + 1] then
-        local r = rt[t + 1]
-        for i = 1, #r do ids[i - 1] = r[i] end
-        check(C.tide_refmodel_force_topk(ref, L, t, ids, #r), 2)
-      end
-      local rr = rows(replay.routes, L)
-      if rr and rr[t + 1] then
-        local r = rr[t + 1]
-        for i = 1, #r do ids[i - 1] = r[i] end
-        check(C.tide_refmodel_force_route(ref, L, t, ids), 2)
-      end
-    end
-    check(C.tide_refmodel_step(ref, tokens[t + 1], out[t]), 2)
-    if st.ref_dump_topk or st.ref_dump_routes then self:_ref_decisions(ref, st) end
-  end
-  return out
-end
+function Model:reference_logits(tokens, opts) return require("tide.probe_reference").logits(self, tokens, opts) end
 
 -- ---------------------------------------------------------------- steps
 -- A step entry: { seq = Sequence, tokens = {ids...} | id, from = i, n = m,
@@ -391,7 +339,8 @@ function Model:_validate(entries)
     if want ~= "all" and want ~= "last" and want ~= false then
       error("step entry " .. i .. ": logits must be \"last\", \"all\" or false", 3)
     end
-    spans[i] = { seq = s, toks = toks, from = from, n = n, first = T, pos0 = len, want = want }
+    local probes = e.probes and probe.compile(self, e.probes, 3) or nil
+    spans[i] = { seq = s, toks = toks, from = from, n = n, first = T, pos0 = len, want = want, probes = probes }
     T = T + n
     if want == "all" then rows = rows + n elseif want then rows = rows + 1 end
   end
@@ -401,23 +350,31 @@ function Model:_validate(entries)
   return spans, T, rows
 end
 
--- Run one step. entries: array of step entries (above); a sequence appears
--- at most once. Returns an array of logits tensors per entry ([vocab] for
--- "last", [n, vocab] for "all", nil for false), views valid until the next
--- step, or nil, message when the cache is full (nothing changed). Bad input
--- (token id, position, unknown sequence) raises an error, nothing changed.
--- opts: dump_topk / dump_routes (tables filled with the decisions, see
--- reference_logits), inspect = spec (tide.inspect.arm: the spec table gets
--- the step's attention mass shares, indexer scores, selections and routes).
+-- Run one step. entries: array of step entries (above; an entry may carry
+-- probes = { probe, ... }, see tide.probe); a sequence appears at most once.
+-- Returns an array of logits tensors per entry ([vocab] for "last",
+-- [n, vocab] for "all", nil for false), views valid until the next step, or
+-- nil, message when the cache is full (nothing changed). Bad input (token
+-- id, position, unknown sequence, a bad probe spec) raises an error, nothing
+-- changed. When an entry's probe fails (raises, returns a wrong shape,
+-- writes NaN), that entry did not run (its sequence is unchanged) and
+-- res.errors[i] says why; the others ran as if it had not been there.
+-- opts:
+--   probes      probes for every entry of this step
+--   dump_topk / dump_routes   tables filled with the decisions, per layer
+--               and position (see reference_logits)
+--   inspect     a spec (tide.inspect.arm): it gets the step's attention mass
+--               shares, indexer scores, selections and routes
 --
 -- The protocol: validate -> batch (ids and the cache's batch) -> the
--- family's begin_step (its per-step views) -> prepare the cache (all or
--- nothing) -> net:forward -> logits -> commit. An error in the forward
--- aborts the cache's step: every sequence stays as it was.
+-- family's begin_step (its per-step views) -> probes armed -> prepare the
+-- cache (all or nothing) -> net:forward -> logits -> commit. An error in the
+-- forward aborts the cache's step: every sequence stays as it was.
 function Model:step(entries, opts)
   opts = opts or {}
   local spans, T, rows = self:_validate(entries)
   if T == 0 then return {} end
+  local shared = self:_step_probes(opts)
   local cache, b = self.cache, self.batch
   local st = { T = T, spans = spans, entries = entries, cache = cache, batch = b }
   self.net:begin_step(st)
@@ -428,23 +385,28 @@ function Model:step(entries, opts)
     for j = 1, sp.n do ids[first + j - 1] = toks[from + j] end
     check(C.tide_batch_add(b, sp.seq.id, sp.pos0, sp.n), 2)
   end
-  self:_hooks(st, opts)
-  -- opts.inspect: attention statistics, indexer scores and routes of this
-  -- step (tide.inspect); nothing is allocated or passed to a kernel without it
-  if opts.inspect then require("tide.inspect").arm(self, st, opts.inspect) end
+  if opts.inspect then
+    local list = require("tide.inspect").arm(self, st, opts.inspect)
+    shared = shared or {}
+    for _, pr in ipairs(probe.compile(self, list, 2)) do shared[#shared + 1] = pr end
+  end
+  local P = probe.arm(self, st, shared)
   local rc = C.tide_kvcache_prepare(cache, b)
   if rc == TIDE_FULL then return nil, "cache full" end
   check(rc, 2)
   self._stepping = true
+  self._step_dumps = self._reference == "all" and (opts.dump_topk or opts.dump_routes)
+    and { topk = opts.dump_topk, routes = opts.dump_routes } or nil
   local ok, res = xpcall(function()
     self.net:forward(st)
-    if self._reference == "all" then self:_reference_logits(st, rows) end
     return self:_logits(st, rows)
   end, debug.traceback)
+  self._step_dumps = nil
   if not ok then
     C.tide_kvcache_abort(cache, b)
     self._stepping = false
     self:_flush_frees()
+    if P and P.failed then return self:_without(entries, P.failed, opts) end
     error(res, 0)
   end
   rc = C.tide_kvcache_commit(cache, b)
@@ -455,6 +417,46 @@ function Model:step(entries, opts)
     check(rc, 2)
   end
   return res
+end
+
+-- The probes every entry of a step gets: the model's own, the step's
+-- opts.probes and the decision dumps (compiled), or nil.
+function Model:_step_probes(opts)
+  local list = nil
+  local function add(compiled)
+    if not compiled then return end
+    list = list or {}
+    for _, pr in ipairs(compiled) do list[#list + 1] = pr end
+  end
+  add(self._probes)
+  add(opts.probes and probe.compile(self, opts.probes, 3))
+  if (opts.dump_topk or opts.dump_routes) and self._reference ~= "all" then
+    add(probe.compile(self, require("tide.probe_reference").dump_probes(self, opts.dump_topk, opts.dump_routes), 3))
+  end
+  return list
+end
+
+-- A step whose probes failed for some entries: the cache was put back, so
+-- run it again without them (batch invariance: the others' results are the
+-- same bits). Returns the results with res.errors[i] for the failed ones.
+function Model:_without(entries, failed, opts)
+  local keep, where = {}, {}
+  for i, e in ipairs(entries) do
+    if not failed[i] then
+      keep[#keep + 1] = e
+      where[#keep] = i
+    end
+  end
+  local out = { errors = {} }
+  for i, msg in pairs(failed) do out.errors[i] = msg end
+  if #keep == 0 then return out end
+  local sub, err = self:step(keep, opts)
+  if not sub then return nil, err end
+  for j, i in ipairs(where) do
+    out[i] = sub[j]
+    if sub.errors and sub.errors[j] then out.errors[i] = sub.errors[j] end
+  end
+  return out
 end
 
 function Model:_flush_frees()
@@ -493,166 +495,21 @@ function Model:_logits(st, rows)
     end
   end
   self.net:head_logits(lg, y)
+  local P = st.probes
   r = 0
   for i, sp in ipairs(st.spans) do
     if sp.want == "all" then
       out[i] = lg:narrow(0, r, sp.n)
+      sp.lfirst, sp.lrows = r, sp.n
       r = r + sp.n
     elseif sp.want then
       out[i] = lg[r]
+      sp.lfirst, sp.lrows = r, 1
       r = r + 1
     end
   end
-  if st.ref_logits then
-    -- reference mode: the reference's rows replace the fast ones
-    r = 0
-    for i, sp in ipairs(st.spans) do
-      local src = st.ref_logits[i]
-      if src then
-        local n = sp.want == "all" and sp.n or 1
-        check(C.tide_tensor_copy(lg:narrow(0, r, n), src))
-        r = r + n
-      end
-    end
-  end
+  if P then P:fire("logits", nil, lg) end
   return out
-end
-
--- Whole-model reference: each sequence's reference follows its tokens.
-function Model:_reference_logits(st)
-  st.ref_logits = {}
-  for i, sp in ipairs(st.spans) do
-    local ref = self:_ref_for(sp.seq)
-    local toks, from = sp.toks, sp.from - 1
-    local keep = sp.want == "all" and tide.zeros({ sp.n, self.vocab_size })
-      or (sp.want and tide.zeros({ 1, self.vocab_size })) or nil
-    for j = 1, sp.n do
-      local row = nil
-      if keep then
-        if sp.want == "all" then row = keep[j - 1] elseif j == sp.n then row = keep[0] end
-      end
-      check(C.tide_refmodel_step(ref, toks[from + j], row))
-      if st.ref_dump_topk or st.ref_dump_routes then self:_ref_decisions(ref, st) end
-    end
-    st.ref_logits[i] = keep
-  end
-end
-
--- Record the reference's decisions of the token it just processed.
-local selbuf, routebuf
-function Model:_ref_decisions(ref, st)
-  local cfg = self.config
-  if st.ref_dump_topk then
-    selbuf = selbuf or ffi.new("int32_t[?]", cfg.index_topk)
-    for L = 0, self.net.n_layers - 1 do
-      if cfg.ratios[L] == 4 then
-        local n = check(C.tide_refmodel_last_topk(ref, L, selbuf, cfg.index_topk))
-        local sel = {}
-        for i = 0, n - 1 do sel[i + 1] = selbuf[i] end
-        table.sort(sel)
-        local rows = st.ref_dump_topk[L] or {}
-        st.ref_dump_topk[L] = rows
-        rows[#rows + 1] = sel
-      end
-    end
-  end
-  if st.ref_dump_routes then
-    routebuf = routebuf or ffi.new("int32_t[64]")
-    for L = 0, self.net.n_layers - 1 do
-      local k = check(C.tide_refmodel_last_route(ref, L, routebuf, nil))
-      local sel = {}
-      for i = 0, k - 1 do sel[i + 1] = routebuf[i] end
-      table.sort(sel)
-      local rows = st.ref_dump_routes[L] or {}
-      st.ref_dump_routes[L] = rows
-      rows[#rows + 1] = sel
-    end
-  end
-end
-
--- Per-layer reference hooks and decision dumps. In whole-model reference
--- mode the dumps record the reference's decisions.
-function Model:_hooks(st, opts)
-  local net = self.net
-  if type(self._reference) == "table" then
-    local set, errs = self._reference, self._ref_err
-    local d = net.d
-    local tmp = tide.zeros({ d })
-    local function per_token(l, kind)
-      if not set[l.index] then return end
-      local v = st.v
-      local e = errs[l.index] or {}
-      errs[l.index] = e
-      local acc = e[kind] or { n = 0, sum = 0, max = 0, elems = 0, equal = 0 }
-      e[kind] = acc
-      for _, sp in ipairs(st.spans) do
-        local ref = self:_ref_for(sp.seq)
-        for j = 0, sp.n - 1 do
-          local t = sp.first + j
-          local xr, ar = v.x[t], v.a[t]
-          if kind == "attn" then
-            check(C.tide_refmodel_attn(ref, l.index, xr, sp.pos0 + j, tmp))
-          else
-            check(C.tide_refmodel_moe(ref, l.index, xr, st.ids[t], sp.pos0 + j, tmp))
-          end
-          local cmp = ar:compare(tmp, 0, 0)      -- rtol = atol = 0: n_bad counts unequal elements
-          acc.n = acc.n + 1
-          acc.sum = acc.sum + cmp.nmse
-          if cmp.nmse > acc.max then acc.max = cmp.nmse end
-          acc.elems = acc.elems + d
-          acc.equal = acc.equal + (d - cmp.n_bad)
-          check(C.tide_tensor_copy(ar, tmp))
-        end
-      end
-    end
-    st.ref_attn = function(l) per_token(l, "attn") end
-    st.ref_moe = function(l) per_token(l, "moe") end
-  end
-  if self._reference == "all" then
-    st.ref_dump_topk, st.ref_dump_routes = opts.dump_topk, opts.dump_routes
-    return
-  end
-  if opts.dump_topk then
-    local dump = opts.dump_topk
-    st.on_topk = function(L, topk)
-      local rowsL = dump[L] or {}
-      dump[L] = rowsL
-      local K = self.config.index_topk
-      for i, sp in ipairs(st.spans) do
-        local _ = i
-        for j = 0, sp.n - 1 do
-          local p = sp.pos0 + j
-          local nvis = math.floor((p + 1) / 4)
-          local sel = {}
-          if topk and nvis > K then
-            local row = ffi.cast("int32_t*", topk.data) + (sp.first + j) * K
-            for k = 0, K - 1 do
-              if row[k] >= 0 then sel[#sel + 1] = row[k] end
-            end
-            table.sort(sel)
-          else
-            for k = 0, nvis - 1 do sel[#sel + 1] = k end
-          end
-          rowsL[#rowsL + 1] = sel
-        end
-      end
-    end
-  end
-  if opts.dump_routes then
-    local dump = opts.dump_routes
-    st.on_route = function(L, rids)
-      local rowsL = dump[L] or {}
-      dump[L] = rowsL
-      local k = self.config.num_experts_per_tok
-      local p = ffi.cast("int32_t*", rids.data)
-      for t = 0, st.T - 1 do
-        local sel = {}
-        for i = 0, k - 1 do sel[#sel + 1] = p[t * k + i] end
-        table.sort(sel)
-        rowsL[#rowsL + 1] = sel
-      end
-    end
-  end
 end
 
 -- ---------------------------------------------------------------- feeding
@@ -673,6 +530,8 @@ end
 --                "stopped"; the tokens fed so far stay)
 --   on_full      function() -> true when it made room and the step should be
 --                retried (sessions give back snapshots); else nil, "cache full"
+--   probes       probes on this sequence (tide.probe); a failing probe
+--                raises here, the chunk it failed in did not run
 --   step         options of every step (see Model:step)
 -- The returned row is a view valid until the next step.
 function Model:feed(seq, tokens, opts)
@@ -682,7 +541,8 @@ function Model:feed(seq, tokens, opts)
   local want = opts.logits
   if want == nil then want = opts.on_logits and "all" or "last" end
   local last
-  local entry = { { seq = seq, tokens = tokens, from = from, n = 0, logits = false } }
+  local entry = { { seq = seq, tokens = tokens, from = from, n = 0, logits = false,
+    probes = opts.probes and probe.compile(self, opts.probes, 2) } }
   local e = entry[1]
   local i = from
   while i <= to do
@@ -695,6 +555,7 @@ function Model:feed(seq, tokens, opts)
       if not (opts.on_full and opts.on_full()) then return nil, err end
       res, err = self:step(entry, opts.step)
     end
+    if res.errors then error(res.errors[1], 0) end
     if want == "all" then
       if opts.on_logits then opts.on_logits(res[1], i - 1) end
       if final then last = res[1][m - 1] end
@@ -787,7 +648,7 @@ function Model:session(opts) return require("tide.session").new(self, opts) end
 
 function Model:close()
   for _, s in pairs(self._seqs) do s:free() end
-  self._refs = nil
+  self._refs, self._probes, self._ref_handle = nil, nil, nil
 end
 
 -- one-line summaries and the long form live in tide.describe

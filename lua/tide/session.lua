@@ -145,11 +145,14 @@ end
 --                io.write unless print = false
 --   interrupt    function() -> true to stop the current generation (polled
 --                between tokens and prefill steps)
+--   probes       probes (tide.probe) on every step of this session's
+--                sequence, prompt and replies alike (see s:set_probes)
 -- Returns the session, or nil, message when the cache has no free sequence
 -- slot or the sampler cannot be built.
 function M.new(model, opts)
   opts = opts or {}
   if type(opts) ~= "table" then error("session(opts): opts must be a table", 2) end
+  local probes = require("tide.probe").compile(model, opts.probes, 2)
   local sampler, spec = resolve_sampler(opts.sampler, model.tokenizer)
   if not sampler then return nil, "session: " .. tostring(spec) end
   local seq, err = model:sequence()
@@ -168,10 +171,23 @@ function M.new(model, opts)
     trace_on = opts.trace and true or false,
     counters = { prefill_tokens = 0, decode_tokens = 0, t_prefill = 0, t_decode = 0 },
     print = opts.print ~= false, stream = opts.stream, interrupt = opts.interrupt,
+    probes = probes,     -- compiled probes every step of the sequence carries
   }, Session)
   s.state = sampler:new_state({ seed = seed, trace = s.trace_on, tokenizer = model.tokenizer })
   s.seed = s.state.seed
   return s
+end
+
+-- s:set_probes(list | nil): attach probes (tide.probe) to this session, or
+-- none. The cache was computed under the old probes, so it is dropped (and
+-- the snapshots with it): the next operation feeds the whole history again
+-- with the new probes, which therefore see every position. Forks made
+-- later carry the same probes.
+function Session:set_probes(list)
+  self.probes = require("tide.probe").compile(self.model, list, 2)
+  self:_rewind_cache(0)
+  self.logits_at = -1
+  return self
 end
 
 -- ---------------------------------------------------------------- logits
@@ -290,7 +306,7 @@ function Session:_sync(interruptible, kind)
   end
   local fed0 = self.fed
   local row, err = self.model:feed(self.seq, self.toks, {
-    from = self.fed + 1, logits = "last",
+    from = self.fed + 1, logits = "last", probes = self.probes,
     on_chunk = function(done) self.fed = done end,
     stop = interruptible and function() return self:_interrupted() end or nil,
     on_full = function() return self:_relieve() end,
@@ -808,12 +824,14 @@ function Session:inspect(opts)
   local spec = { layers = layers }
   local ok, res = pcall(function()
     if from < idx then
-      local _, e = self.model:feed(scratch, self.toks, { from = from + 1, to = idx, logits = false })
+      local _, e = self.model:feed(scratch, self.toks, { from = from + 1, to = idx, logits = false,
+        probes = self.probes })
       if e then error(e, 0) end
     end
-    local r, e = self.model:step({ { seq = scratch, tokens = self.toks, from = idx + 1, n = 1, logits = "last" } },
-      { inspect = spec })
+    local r, e = self.model:step({ { seq = scratch, tokens = self.toks, from = idx + 1, n = 1, logits = "last",
+      probes = self.probes } }, { inspect = spec })
     if not r then error(e, 0) end
+    if r.errors then error(r.errors[1], 0) end
     return copy_row(r[1])
   end)
   scratch:free()

@@ -136,12 +136,12 @@ describe("inspection", function()
     end
   end)
 
-  it("leaves the session as it was, and steps that do not ask pass no buffers to the kernels", function()
+  it("leaves the session as it was, and steps that do not ask arm no probes", function()
     local net = m.net
     local orig = net.attention
     local asked, plain = 0, 0
     net.attention = function(self, l, st)
-      if st.stats or st.scores then asked = asked + 1 else plain = plain + 1 end
+      if st.probes and st.probes:wants("attn_shares", l.index) then asked = asked + 1 else plain = plain + 1 end
       return orig(self, l, st)
     end
     local ok, err = pcall(function()

@@ -28,6 +28,31 @@ local ROUND_OPS = 1          -- TIDE_OPS_ROUND_BF16
 local linbox = ffi.typeof("tide_linear*[1]")
 local jobs2 = ffi.typeof("tide_linear_job[2]")
 
+-- ---------------------------------------------------------------- probe points
+-- The named points of this forward a probe (tide.probe) can attach to, in
+-- the order a step passes them. Per point: per layer or not, writable or
+-- read-only (the probe gets a copy), and the rows it sees (n = the entry's
+-- tokens; d hidden size, hc residual streams, H heads, k routed experts).
+M.POINTS = {
+  embed       = { layered = false, write = true,  rows = "f32 [n, hc, d] the embedding in every stream" },
+  attn_in     = { layered = true,  write = true,  rows = "f32 [n, d] attention input (after hc_pre, norm)" },
+  attn_q      = { layered = true,  write = false, rows = "f32 [n, H, 512] queries (normed, RoPE'd)" },
+  attn_shares = { layered = true,  write = false, rows = "f32 [n, H, 4] window, compressed, sink mass; lse" },
+  attn_topk   = { layered = true,  write = false, rows = "i32 [n, K] selected C4 entries (-1 pads) or false;"
+    .. " info.scores f32 [n, S] indexer scores" },
+  attn_heads  = { layered = true,  write = true,  rows = "f32 [n, H, 512] per-head output before wo_a" },
+  attn_out    = { layered = true,  write = true,  rows = "f32 [n, d] attention output (before hc_post)" },
+  resid_attn  = { layered = true,  write = true,  rows = "f32 [n, hc, d] residual streams after attention" },
+  moe_in      = { layered = true,  write = true,  rows = "f32 [n, d] MoE input (after hc_pre, norm)" },
+  moe_routes  = { layered = true,  write = false, rows = "i32 [n, k] routed experts; info.weights f32 [n, k]" },
+  moe_weights = { layered = true,  write = true,  rows = "f32 [n, k] routing weights; info.experts i32 [n, k]" },
+  moe_out     = { layered = true,  write = true,  rows = "f32 [n, d] MoE output (before hc_post)" },
+  resid_moe   = { layered = true,  write = true,  rows = "f32 [n, hc, d] residual streams after the MoE" },
+  final       = { layered = false, write = true,  rows = "f32 [n, d] final hidden state (the head's input)" },
+  logits      = { layered = false, write = true,  rows = "f32 [r, vocab] the logits rows the entry asked for" },
+}
+Net.points = M.POINTS
+
 -- ---------------------------------------------------------------- config
 local SCORING = { sqrtsoftplus = 0, sigmoid = 1, softmax = 2 }
 
@@ -275,9 +300,9 @@ function Net:cache_config(o)
 end
 
 -- ---------------------------------------------------------------- one step
--- st: { T, batch (prepared), cache, v (views of the buffers), ids, reference hooks,
---       and when a step is inspected (tide.inspect) stats[L] / scores[L]: the
---       kernels' optional statistics and indexer-score outputs per layer }
+-- st: { T, batch (prepared), cache, v (views of the buffers), ids, and
+--       probes (tide.probe) when a probe is attached: `if P then P:fire(point,
+--       L, buffer) end` at each named point (M.POINTS) }
 local function linear_fwd(l, y, x, flags)
   check(C.tide_linear_forward_ex(l, y, x, flags), 3)
 end
@@ -286,6 +311,7 @@ end
 -- RMSNorm'ed input [T, d]; the output goes to v.a [T, d].
 function Net:attention(l, st)
   local v, T, b, cache, L, rope = st.v, st.T, st.batch, st.cache, l.index, l.rope
+  local P = st.probes
   -- 1. [qr | kv] = x . [wq_a ; wkv]^T, bf16 outputs
   run_pair(l.qkv, T, ROUND_LIN)
   local qr, kv = v.qr, v.kv
@@ -296,6 +322,7 @@ function Net:attention(l, st)
   local q = v.q
   linear_fwd(l.wq_b, st.q2d, qr, ROUND_LIN)
   check(C.tide_attn_q_prep(q, b, rope, self.eps))
+  if P then P:fire("attn_q", L, q) end
   check(C.tide_attn_kv_insert(cache, L, kv, b, rope))
   -- 5. C4: the indexer (its compressor always; scoring only past the short path)
   local topk = nil
@@ -308,22 +335,30 @@ function Net:attention(l, st)
     run_pair(l.comp, T, ROUND_LIN)
     check(C.tide_attn_compress(cache, L, v[l.kvs_name], l.c_ape, l.c_norm, self.eps, b, rope))
   end
-  -- 7. C4 top-k when some token sees more entries than index_topk.
+  -- 7. C4 top-k when some token sees more entries than index_topk (the
+  -- scores go out only when a probe watches the selection).
   -- self.index_mode (a measurement switch, normally nil): "dense" attends to
   -- every visible entry; a function(L, topk, st) rewrites the indexer's picks.
-  if l.ratio == 4 and st.max_visible4 > self.cfg.index_topk and self.index_mode ~= "dense" then
-    linear_fwd(l.i_wq_b, st.qi2d, qr, ROUND_LIN)
-    linear_fwd(l.i_wproj, v.iw, v.x, ROUND_LIN)
-    check(C.tide_attn_indexer_q(v.q8, v.iw, v.qi, v.iw, self.iwscale, b, rope))
-    check(C.tide_attn_indexer_topk(cache, L, v.q8, v.iw, b, v.topk, st.scores and st.scores[L] or nil))
-    topk = v.topk
-    if self.index_mode then self.index_mode(L, topk, st) end
+  if l.ratio == 4 then
+    local scores = P and P:wants("attn_topk", L) and tide.full({ T, math.max(1, st.max_visible4) }, 0 / 0) or nil
+    if st.max_visible4 > self.cfg.index_topk and self.index_mode ~= "dense" then
+      linear_fwd(l.i_wq_b, st.qi2d, qr, ROUND_LIN)
+      linear_fwd(l.i_wproj, v.iw, v.x, ROUND_LIN)
+      check(C.tide_attn_indexer_q(v.q8, v.iw, v.qi, v.iw, self.iwscale, b, rope))
+      check(C.tide_attn_indexer_topk(cache, L, v.q8, v.iw, b, v.topk, scores))
+      topk = v.topk
+      if self.index_mode then self.index_mode(L, topk, st) end
+    end
+    if P then P:fire("attn_topk", L, topk or false, scores, "scores") end
   end
-  if st.on_topk and l.ratio == 4 then st.on_topk(L, topk) end
-  -- 8. sparse attention over window + compressed entries, sink in the denominator
-  check(C.tide_attn_sparse(v.o, q, cache, L, b, topk, l.sink, self.scale, st.stats and st.stats[L] or nil))
+  -- 8. sparse attention over window + compressed entries, sink in the
+  -- denominator (the mass statistics only when a probe watches them)
+  local stats = P and P:wants("attn_shares", L) and self:_stats(T) or nil
+  check(C.tide_attn_sparse(v.o, q, cache, L, b, topk, l.sink, self.scale, stats))
+  if stats then P:fire("attn_shares", L, stats) end
   -- 9. inverse RoPE at the query position, grouped wo_a, wo_b
   check(C.tide_attn_o_unrope(v.o, v.o, b, rope))
+  if P then P:fire("attn_heads", L, v.o) end
   check(C.tide_linear_forward_grouped(l.wo_a, v.z, st.o2d, self.cfg.o_groups, ROUND_LIN))
   linear_fwd(l.wo_b, v.a, v.z, ROUND_LIN)
 end
@@ -338,34 +373,55 @@ function Net:moe(l, st)
   else
     check(C.tide_route_topk(v.rids, v.rw, v.glog, l.gate_bias, self.rcfg))
   end
-  if st.on_route then st.on_route(l.index, v.rids, v.rw) end
+  local P = st.probes
+  if P then
+    P:fire("moe_routes", l.index, v.rids, v.rw, "weights")
+    P:fire("moe_weights", l.index, v.rw, v.rids, "experts")
+  end
   check(C.tide_moe_forward(l.moe, v.a, v.x, v.rids, v.rw, ROUND_OPS))
 end
 
 -- The whole forward of a prepared step. st.T tokens, st.ids filled, st.batch
 -- prepared on st.cache. Leaves the final normalised hidden rows in st.v.x.
 function Net:forward(st)
-  local v = st.v
+  local v, P = st.v, st.probes
   -- embedding copied into the hc residual streams
   check(C.tide_embed(v.X, self.embed, v.ids))
+  if P then P:fire("embed", nil, v.X) end
   for L = 0, self.n_layers - 1 do
     local l = self.layers[L]
     -- (A) attention
     check(C.tide_hc_pre(v.x, v.post, v.comb, v.X, l.hc_attn_fn, l.hc_attn_scale, l.hc_attn_base, self.hccfg))
     check(C.tide_rmsnorm(v.x, v.x, l.attn_norm, self.eps, ROUND_OPS))
+    if P then P:fire("attn_in", L, v.x) end
     ;(l.attention or self.attention)(self, l, st)
-    if st.ref_attn then st.ref_attn(l, st) end
+    if P then P:fire("attn_out", L, v.a) end
     check(C.tide_hc_post(v.X, v.a, v.X, v.post, v.comb, ROUND_OPS))
+    if P then P:fire("resid_attn", L, v.X) end
     -- (F) MoE
     check(C.tide_hc_pre(v.x, v.post, v.comb, v.X, l.hc_ffn_fn, l.hc_ffn_scale, l.hc_ffn_base, self.hccfg))
     check(C.tide_rmsnorm(v.x, v.x, l.ffn_norm, self.eps, ROUND_OPS))
+    if P then P:fire("moe_in", L, v.x) end
     ;(l.moe_fn or self.moe)(self, l, st)
-    if st.ref_moe then st.ref_moe(l, st) end
+    if P then P:fire("moe_out", L, v.a) end
     check(C.tide_hc_post(v.X, v.a, v.X, v.post, v.comb, ROUND_OPS))
+    if P then P:fire("resid_moe", L, v.X) end
   end
   -- mHC head, final norm (the LM head runs on the rows the caller wants)
   check(C.tide_hc_head(v.x, v.X, self.hc_head_fn, self.hc_head_scale, self.hc_head_base, self.hccfg))
   check(C.tide_rmsnorm(v.x, v.x, self.norm, self.eps, ROUND_OPS))
+  if P then P:fire("final", nil, v.x) end
+end
+
+-- Attention mass statistics [T, H, 4] for a step a probe watches (one
+-- buffer of max_tokens rows, made on first use), NaN where nothing wrote.
+function Net:_stats(T)
+  local b = self._statsbuf
+  if not b then
+    b = tide.zeros({ self.max_tokens, self.H, 4 })
+    self._statsbuf = b
+  end
+  return b:narrow(0, 0, T):fill(0 / 0)
 end
 
 -- The family's per-step data, before the cache is prepared. st comes with
@@ -384,6 +440,7 @@ function Net:begin_step(st)
   st.o2d = v.o:reshape(T, cfg.num_attention_heads * 512)
   if v.qi then st.qi2d = v.qi:reshape(T, cfg.index_n_heads * 128) end
   st.ids = ffi.cast("int32_t*", v.ids.data)
+  st.ids_t = v.ids
   st.hidden = v.x
   local vis = 0
   for _, sp in ipairs(st.spans) do
@@ -392,6 +449,20 @@ function Net:begin_step(st)
   end
   st.max_visible4 = vis
   return st
+end
+
+-- The readout of residual streams (a logit lens): X f32 [n, hc, d] through
+-- the mHC head, the final norm and the LM head, as the forward ends; returns
+-- new tensors logits [n, vocab] and the hidden rows [n, d]. For the streams
+-- after the last layer it gives the step's logits bit for bit.
+function Net:readout(X)
+  local n = X:size(0)
+  local x = tide.zeros({ n, self.d })
+  check(C.tide_hc_head(x, X, self.hc_head_fn, self.hc_head_scale, self.hc_head_base, self.hccfg), 2)
+  check(C.tide_rmsnorm(x, x, self.norm, self.eps, ROUND_OPS), 2)
+  local y = tide.zeros({ n, self.vocab })
+  self:head_logits(y, x)
+  return y, x
 end
 
 -- logits rows: y [n, vocab] = x_rows . head^T (f32, not rounded)
