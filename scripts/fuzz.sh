@@ -111,7 +111,7 @@ for n in "$@"; do
        UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
        "$exe" -max_total_time="$SECS" -timeout=30 -rss_limit_mb=3072 -print_final_stats=1 \
        -artifact_prefix="$arts" $dict "$corpus" $seeds > "$flog" 2>&1; then
-    runs=$(sed -n 's/^stat::number_of_executed_runs: *//p' "$flog" | tail -n 1)
+    runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$flog" | tail -n 1)
     last=$(grep -E '^#[0-9]+' "$flog" | tail -n 1)
     cov=$(echo "$last" | sed -n 's/.*cov: \([0-9]*\).*/\1/p')
     ft=$(echo "$last" | sed -n 's/.*ft: \([0-9]*\).*/\1/p')
