@@ -696,6 +696,9 @@ static void bad_files(void) {
        TIDE_E_UNSUPPORTED, "pre_tokenizer.type"},
       {"badregex", "{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(ab\"}}, \"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}",
        TIDE_E_UNSUPPORTED, "pre_tokenizer.pattern"},
+      /* a Split whose behavior is refused after its pattern compiled (leaked it; found by fuzz_tokenizer_load) */
+      {"badbehavior", "{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"a+\"}, \"behavior\": \"Sideways\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}",
+       TIDE_E_FORMAT, "pre_tokenizer.behavior"},
       {"baddec", "{\"decoder\": {\"type\": \"WordPiece\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}",
        TIDE_E_UNSUPPORTED, "decoder.type"},
       {"dropout", "{\"model\": {\"type\": \"BPE\", \"dropout\": 0.1, \"vocab\": {}, \"merges\": []}}", TIDE_E_UNSUPPORTED,

@@ -231,14 +231,15 @@ M.spec = spec
 -- numbers they answer, and the bytes of the complete result lines. A last
 -- line without its newline (the writer was killed in the middle of it) is
 -- not a result; it is cut off, so the file ends with a complete line before
--- the new results are appended. Returns done, n, or nil, message.
+-- the new results are appended. Returns done, n, n_failed (results that are
+-- errors), or nil, message.
 function M.read_results(path)
   local f = io.open(path, "rb")
-  if not f then return {}, 0 end   -- nothing written yet
+  if not f then return {}, 0, 0 end   -- nothing written yet
   local text = f:read("*a")
   f:close()
   local keep = text:match("^.*\n") or ""
-  local done, n = {}, 0
+  local done, n, n_failed = {}, 0, 0
   local no = 0
   for l in keep:gmatch("([^\n]*)\n") do
     no = no + 1
@@ -247,7 +248,10 @@ function M.read_results(path)
       if not ok or type(rec) ~= "table" or not is_int(rec.line) then
         return nil, string.format("%s line %d is not a tide batch result", path, no)
       end
-      if not done[rec.line] then n = n + 1 end
+      if not done[rec.line] then
+        n = n + 1
+        if rec.error ~= nil then n_failed = n_failed + 1 end
+      end
       done[rec.line] = true
     end
   end
@@ -261,7 +265,7 @@ function M.read_results(path)
     local okr, rerr = os.rename(tmp, path)
     if not okr then os.remove(tmp) return nil, "cannot rewrite " .. path .. ": " .. tostring(rerr) end
   end
-  return done, n
+  return done, n, n_failed
 end
 
 -- ---------------------------------------------------------------- progress
@@ -314,11 +318,11 @@ function M.run(argv)
     inf, err = io.open(o.input, "rb")
     if not inf then args.fail("batch: cannot open " .. tostring(err), 1) end
   end
-  local done_lines, n_done = {}, 0
+  local done_lines, n_done, failed_before = {}, 0, 0
   if o.resume then
     if o.output == "-" then args.fail("batch: --resume needs --output FILE (the results so far)") end
     local derr
-    done_lines, derr = M.read_results(o.output)
+    done_lines, derr, failed_before = M.read_results(o.output)
     if not done_lines then args.fail("batch: --resume: " .. derr, 1) end
   end
   local lines = {}
@@ -423,8 +427,8 @@ function M.run(argv)
   if not o.quiet then
     local rep = eng:report()
     if o.resume then
-      io.stderr:write(string.format("tide batch: --resume: %d request lines already had results in %s\n", n_done,
-        o.output))
+      io.stderr:write(string.format("tide batch: --resume: %d request lines already had results in %s (%d failed)\n",
+        n_done, o.output, failed_before))
     end
     io.stderr:write(string.format("tide batch: %d requests (%d failed) in %.2f s: %d tokens generated (%.1f tokens/s), "
       .. "mean time to first token %.3f s, %d steps, %d preemptions, Lua scheduling %.2f%% of step time\n", #slots,
@@ -433,7 +437,8 @@ function M.run(argv)
   end
   eng:close()
   model:close()
-  return (failed > 0 or not ok) and 1 or 0
+  -- after --resume the status is the whole job's (the lines run before too)
+  return (failed > 0 or failed_before > 0 or not ok) and 1 or 0
 end
 
 return M
