@@ -75,7 +75,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--config", default=os.path.join(HERE, "config.json"))
     ap.add_argument("--minutes", type=float, default=50)
-    ap.add_argument("--steps", type=int, default=650)
+    ap.add_argument("--steps", type=int, default=420)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--ctx", type=int, default=256)
     ap.add_argument("--lr", type=float, default=3e-3)
