@@ -108,6 +108,14 @@ int tide_linear_new(tide_linear **out, const tide_tensor *w, const tide_tensor *
   l->view.k = K;
   l->view.row_bytes = w->sizes[1] * (tide_dtype_bits(w->dtype) / 8);
   l->view.s_ld = l->scale.data ? l->scale.sizes[1] : 0;
+  if (fmt == TIDE_W_FP8) {
+    l->nan8 = tide_xcalloc((size_t)(l->scale.sizes[0] * l->scale.sizes[1]), 1);
+    if (!l->nan8) {
+      tide_linear_free(l);
+      return TIDE_ERR(TIDE_E_NOMEM, "no memory for the block flags of a %lld x %lld FP8 weight", (long long)N,
+                      (long long)K);
+    }
+  }
   *out = l;
   return TIDE_OK;
 }
@@ -116,6 +124,7 @@ void tide_linear_free(tide_linear *l) {
   if (!l) return;
   tide_tensor_release(&l->w);
   tide_tensor_release(&l->scale);
+  tide_xfree(l->nan8);
   tide_xfree(l);
 }
 

@@ -19,6 +19,8 @@ struct tide_linear {
   int64_t n, k;
   int64_t wbytes;       /* weight + scale bytes */
   tide_wview view;      /* raw pointers for the decoders */
+  uint8_t *nan8;        /* FP8: per 128 x 128 block (the scale's shape), 0 = not scanned yet, 1 = no NaN code,
+                         * 2 = a NaN code; the AVX2 kernel fills it on first use (relaxed atomics) */
 };
 
 /* The output step shared by every kernel: add the old y (ACCUMULATE), round

@@ -373,7 +373,7 @@ static void extreme_values(void) {
   v = one_product(0x7e, 140, 1.0f); /* 448 * 2^13 */
   TT_CHECK(v == 448.0f * 0x1p13f, "scale 2^13: %a, expected 448 * 2^13", v);
 
-  static const uint8_t scales[] = {0, 1, 5, 60, 100, 110, 115, 118, 119, 120, 200, 235, 238, 240, 245, 246, 247, 250, 254};
+  static const uint8_t scales[] = {0, 1, 2, 5, 60, 100, 110, 115, 118, 119, 120, 200, 235, 238, 240, 245, 246, 247, 250, 252, 253, 254};
   const int64_t N = 260, K = 640, M = 6;
   for (int fmt = TIDE_W_FP8; fmt <= TIDE_W_MXFP4; fmt++) {
     weight q;
@@ -611,6 +611,35 @@ static void check_model(const weight *q, const tide_tensor *x, const char *what)
   tide_tensor_release(&yd);
 }
 
+/* FP8 NaN codes through the block flags: the first forward records which
+ * 128 x 128 blocks hold one (ragged blocks included), later forwards skip the
+ * per-group test on the clean blocks; both give the dot model's bits. */
+static void fp8_nan_flags(void) {
+  weight q;
+  const int64_t N = 300, K = 520;
+  weight_make(&q, TIDE_W_FP8, N, K, 41);
+  uint8_t *w = q.w.data;
+  w[5 * K + 200] = 0x7f;   /* block (0, 1) */
+  w[290 * K + 400] = 0xff; /* block (2, 3), the ragged row block */
+  w[130 * K + 515] = 0x7f; /* block (1, 4), the ragged column block */
+  const int64_t nb = (K + 127) / 128;
+  for (int64_t i = 0; i < 3 * nb; i++) TT_CHECK(q.l->nan8[i] == 0, "block %lld flagged before any forward", (long long)i);
+  for (int pass = 0; pass < 2; pass++)
+    for (int64_t M = 1; M <= 9; M++) {
+      tide_tensor x;
+      x_make(&x, M, K, 50 + M);
+      check_model(&q, &x, pass ? "flags set" : "first forward");
+      tide_tensor_release(&x);
+    }
+  for (int64_t b = 0; b < 3; b++)
+    for (int64_t kb = 0; kb < nb; kb++) {
+      int want = (b == 0 && kb == 1) || (b == 2 && kb == 3) || (b == 1 && kb == 4) ? 2 : 1;
+      TT_CHECK(q.l->nan8[b * nb + kb] == want, "block (%lld, %lld) flagged %d, expected %d", (long long)b,
+               (long long)kb, q.l->nan8[b * nb + kb], want);
+    }
+  weight_free(&q);
+}
+
 /* The fused kernels at every M = 1..8: row groups of 1..8 rows with ragged
  * ends, FP8 groups that would straddle a 128-row scale block, K tails, more
  * than 16 MXFP4 scale blocks per row; FP8 at M = 1 with x small (the block
@@ -747,5 +776,5 @@ static void avx512_same_bits(void) {
 }
 
 TT_RUN(TT(formats_and_shapes), TT(batch_invariance), TT(thread_invariance), TT(grouped), TT(many_jobs),
-       TT(extreme_values), TT(output_flags), TT(nan_weights), TT(zero_copy_no_alloc), TT(backends_and_policy), TT(misuse),
+       TT(extreme_values), TT(output_flags), TT(nan_weights), TT(fp8_nan_flags), TT(zero_copy_no_alloc), TT(backends_and_policy), TT(misuse),
        TT(fused_every_m), TT(fp8_daz_routes), TT(avx512_same_bits))

@@ -37,7 +37,9 @@ typedef enum tide_backend {
 } tide_backend;
 
 /* Wrap W (and scale, NULL for plain formats). The tensors are referenced, not
- * copied; W must be contiguous. Errors name the expected shapes. */
+ * copied, and must not change while the handle lives (an FP8 handle records
+ * which blocks hold NaN codes on first use); W must be contiguous. Errors
+ * name the expected shapes. */
 int tide_linear_new(tide_linear **out, const tide_tensor *w, const tide_tensor *scale);
 void tide_linear_free(tide_linear *l);                        /* NULL-safe */
 /* N (outputs), K (inputs) and the format (tide_wfmt). Any out-pointer may be NULL. */
