@@ -434,6 +434,7 @@ function Model:step(entries, opts)
   self._stepping = true
   local ok, res = xpcall(function()
     self.net:forward(st)
+    if opts.after_forward then opts.after_forward(st) end   -- e.g. the MTP block reads st.v.X
     if self._reference == "all" then self:_reference_logits(st, rows) end
     return self:_logits(st, rows)
   end, debug.traceback)
