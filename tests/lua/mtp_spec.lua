@@ -157,6 +157,68 @@ describe("the MTP block", function()
     for _, k in ipairs({ 1, 3 }) do assert.same(ref, run(k), "k = " .. k) end
   end)
 
+  it("the rejection rule samples the main model's distribution (chi-square), the drafts alone do not", function()
+    local temp, R = 0.7, 300
+    local P = tm.tokens(5, V, 21)
+    local t1 = 17
+    local all = {}
+    for i, t in ipairs(P) do all[i] = t end
+    all[#all + 1] = t1
+    -- the exact distribution of the token after P, t1 at this temperature
+    local row = m:logits(all)[#all - 1]
+    local cb = ffi.new("tide_cands*[1]")
+    assert(C.tide_cands_new(cb, V) == 0)
+    local c = ffi.gc(cb[0], C.tide_cands_free)
+    assert(C.tide_cands_load(c, row, 0) == 0 and C.tide_cands_temperature(c, temp) == 0)
+    assert(C.tide_cands_softmax(c) == 0)
+    local p = {}
+    for i = 0, V - 1 do p[c.id[i]] = c.p[i] end
+    local got, drafted = {}, {}
+    local rejected = 0
+    for seed = 1, R do
+      local S = mtp.rejection_sampler(V, 1, temp, seed)
+      local first = true
+      local out = d:greedy(P, 2, 1, {
+        draft_pick = function(r, j)
+          local x = S.draft_pick(r, j)
+          drafted[x] = (drafted[x] or 0) + 1
+          return x
+        end,
+        pick = function(r, dr, j)
+          if first then first = false return t1 end   -- condition on the first token
+          return S.pick(r, dr, j)
+        end })
+      assert.equals(t1, out[1])
+      got[out[2]] = (got[out[2]] or 0) + 1
+      rejected = rejected + S.rejected
+    end
+    -- bins: tokens expected at least 5 times, the rest pooled
+    local ids = {}
+    for id = 0, V - 1 do ids[#ids + 1] = id end
+    table.sort(ids, function(a, b) return p[a] > p[b] end)
+    local function chi2(obs)
+      local x2, bins, rest_e, rest_o = 0, 0, 0, 0
+      for _, id in ipairs(ids) do
+        local e = R * p[id]
+        if e >= 5 then
+          x2 = x2 + ((obs[id] or 0) - e) ^ 2 / e
+          bins = bins + 1
+        else
+          rest_e, rest_o = rest_e + e, rest_o + (obs[id] or 0)
+        end
+      end
+      if rest_e > 0 then x2, bins = x2 + (rest_o - rest_e) ^ 2 / rest_e, bins + 1 end
+      local df = bins - 1
+      local a = 2 / (9 * df)
+      return x2, df * (1 - a + 3.09 * math.sqrt(a)) ^ 3   -- the 0.999 quantile (Wilson-Hilferty)
+    end
+    local x2, crit = chi2(got)
+    assert.is_true(rejected > 0 and rejected < R, "rejections " .. rejected .. " of " .. R)
+    assert.is_true(x2 < crit, string.format("chi-square %.1f >= %.1f", x2, crit))
+    local x2d, critd = chi2(drafted)
+    assert.is_true(x2d > critd, string.format("the drafts alone pass: chi-square %.1f < %.1f", x2d, critd))
+  end)
+
   it("accepts an oracle's drafts, rejects one at each position; the cache matches plain decoding", function()
     for _, km in ipairs({ { 1, 0 }, { 1, 1 }, { 2, 2 }, { 3, 0 }, { 3, 1 }, { 4, 3 } }) do
       do   -- miss 0: all right; j: the j-th draft of every step is wrong

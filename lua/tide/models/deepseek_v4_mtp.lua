@@ -234,10 +234,13 @@ end
 --   seq, mseq   existing main / MTP sequences to use (left holding the prompt
 --               and the generated tokens, possibly more); else fresh ones,
 --               freed at the end
---   pick(row) -> id [, stop]   chooses each committed token from the main
---               model's logits row, exactly once per token and in order
---               (default: argmax); a nil id or a true stop ends generation
---   draft_pick(row) -> id      the MTP's pick (default: argmax)
+--   pick(row [, draft, j]) -> id [, stop]   chooses each committed token
+--               from the main model's logits row, exactly once per token and
+--               in order (default: argmax); when the row verifies a draft,
+--               the draft and its index j in the step come along (a
+--               rejection sampler uses them; greedy picks ignore them); a nil
+--               id or a true stop ends generation
+--   draft_pick(row, j) -> id   the MTP's pick of draft j (default: argmax)
 --   drafts(n_out, drafts, k) -> drafts   replaces the MTP's drafts (tests)
 function Mtp:greedy(prompt, n, k, opts)
   opts = opts or {}
@@ -302,7 +305,7 @@ function Mtp:greedy(prompt, n, k, opts)
           ctoks = rest
         end
         local mres = self:step({ { seq = mseq, hidden = cX:narrow(0, at, cn - at), tokens = ctoks, logits = "last" } })
-        local drafts = { dpick(mres[1]) }
+        local drafts = { dpick(mres[1], 1) }
         cn = cn - at
         local kk = math.min(k, n - #out)
         if kk > 1 then
@@ -313,7 +316,7 @@ function Mtp:greedy(prompt, n, k, opts)
             check(C.tide_tensor_copy(h, self.out:narrow(0, cn - 1, 1)))
             for j = 2, kk do
               local r = self:step({ { seq = f, hidden = h, tokens = { drafts[j - 1] }, logits = "last" } })
-              drafts[j] = dpick(r[1])
+              drafts[j] = dpick(r[1], j)
               check(C.tide_tensor_copy(h, self.out:narrow(0, 0, 1)))
             end
           end)
@@ -331,7 +334,7 @@ function Mtp:greedy(prompt, n, k, opts)
         local a = 0
         local n0 = #out
         while true do
-          local id, stop = pick(rows[a])
+          local id, stop = pick(rows[a], drafts[a + 1], a + 1)
           commit(id, stop)
           local match = id ~= nil and id == drafts[a + 1]
           if match then a = a + 1 end
@@ -363,6 +366,61 @@ function Mtp:greedy(prompt, n, k, opts)
   if mseq and not opts.mseq then self:free(mseq) end
   if not ok then error(err, 0) end
   return out, stats
+end
+
+-- Speculative sampling at temperature `temp` with the standard rule (Leviathan
+-- et al. 2023; Chen et al. 2023): drafts are drawn from q = softmax(MTP row /
+-- temp); draft d is accepted with probability min(1, p(d) / q(d)), p =
+-- softmax(main row / temp); on rejection the token comes from the residual
+-- max(0, p - q) normalised, drawn exactly by drawing x ~ p and keeping it with
+-- probability max(0, 1 - q(x) / p(x)) (on average one extra draw per
+-- rejection; every step is one C call over the row). The committed tokens
+-- are distributed exactly as plain sampling at temp; unlike a chain pick they
+-- are not the same bits as plain sampling with the same seed. Returns
+-- { pick, draft_pick } for Mtp:greedy and the generator (tide_rng).
+function M.rejection_sampler(vocab, kmax, temp, seed)
+  if type(temp) ~= "number" or temp ~= temp or temp <= 0 then error("rejection_sampler: temperature must be > 0", 2) end
+  local rng = ffi.new("tide_rng")
+  C.tide_rng_seed(rng, seed or 0)
+  local function cands()
+    local b = ffi.new("tide_cands*[1]")
+    check(C.tide_cands_new(b, vocab), 3)
+    return ffi.gc(b[0], C.tide_cands_free)
+  end
+  local qc, pc = {}, cands()
+  for j = 1, kmax do qc[j] = cands() end
+  local function load(c, row)
+    check(C.tide_cands_load(c, row, 0), 3)
+    check(C.tide_cands_temperature(c, temp), 3)
+    check(C.tide_cands_softmax(c), 3)
+  end
+  local function prob(c, id)
+    local pos = C.tide_cands_find(c, id)
+    return pos >= 0 and c.p[pos] or 0
+  end
+  local S = { rng = rng, rejected = 0, residual_draws = 0 }
+  function S.draft_pick(row, j)
+    local c = qc[j]
+    load(c, row)
+    return c.id[C.tide_cands_draw(c, rng)]
+  end
+  function S.pick(row, draft, j)
+    load(pc, row)
+    if draft ~= nil then
+      local q = qc[j]
+      local pd, qd = prob(pc, draft), prob(q, draft)
+      if C.tide_rng_uniform(rng) * qd < pd then return draft end
+      S.rejected = S.rejected + 1
+      while true do
+        local x = pc.id[C.tide_cands_draw(pc, rng)]
+        S.residual_draws = S.residual_draws + 1
+        local px = prob(pc, x)
+        if C.tide_rng_uniform(rng) * px < px - prob(q, x) then return x end
+      end
+    end
+    return pc.id[C.tide_cands_draw(pc, rng)]
+  end
+  return S
 end
 
 -- The greedy pick: the index of the largest logit (ties to the smaller id).
