@@ -1,7 +1,7 @@
 -- bench_spec.lua: speculative decoding with the MTP block (docs/speculative.md):
--- decode tokens/s, tokens per step and draft acceptance at k = 0 (plain) .. 4,
--- greedy, single request, one run of each k after a warm-up (the time includes
--- the prompt's prefill, the same for every k).
+-- decode tokens/s, tokens per step and draft acceptance at k = 0 (plain) .. 4
+-- and at 4 under the adaptive policy; greedy, single request, one run of each
+-- after a warm-up (the time includes the prompt's prefill, the same for all).
 --   tide scripts/bench_spec.lua [--model DIR] [--tokens N] [--prompt N] [--threads T]
 -- Without --model: the default model (generated once; random weights, so
 -- acceptance is near zero there and the numbers show the cost side only).
@@ -33,13 +33,14 @@ d:greedy(prompt, 4, 1)   -- warm-up
 print(string.format("model %s, prompt %d, %d tokens, %d thread(s)", dir, plen, n, threads))
 print("k\ttokens/s\ttokens/step\taccepted\tdrafted\trate")
 local base
-for k = 0, 4 do
+for k = 0, 5 do
+  -- k = 5: the adaptive draft policy with at most 4 drafts
   local t0 = tide.time()
-  local out, st = d:greedy(prompt, n, k)
+  local out, st = d:greedy(prompt, n, math.min(k, 4), { policy = k == 5 and "adaptive" or nil })
   local dt = tide.time() - t0
   base = base or out
   assert(#out == #base, "different lengths")
   for j = 1, #out do assert(out[j] == base[j], "k = " .. k .. " differs from plain decoding at " .. j) end
-  print(string.format("%d\t%.2f\t%.2f\t%d\t%d\t%.1f%%", k, #out / dt, #out / math.max(st.steps + 1, 1), st.accepted,
-    st.drafted, 100 * st.accepted / math.max(st.drafted, 1)))
+  print(string.format("%s\t%.2f\t%.2f\t%d\t%d\t%.1f%%", k == 5 and "4 adaptive" or tostring(k), #out / dt,
+    #out / math.max(st.steps + 1, 1), st.accepted, st.drafted, 100 * st.accepted / math.max(st.drafted, 1)))
 end

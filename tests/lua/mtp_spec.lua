@@ -146,6 +146,25 @@ describe("the MTP block", function()
     end
   end)
 
+  it("draft policies: fixed drafts k; adaptive turns off when nothing is accepted, up when all is", function()
+    local out, st = d:greedy(prompt, N, 3, { policy = "fixed" })
+    assert.same(base, out)
+    assert.is_true(st.drafted >= 3 * (st.steps - 1))
+    out, st = d:greedy(prompt, N, 4, { policy = "adaptive" })
+    assert.same(base, out)
+    -- random MTP weights: nothing is accepted, so after the first draft only probes remain
+    assert.is_true(st.drafted <= 3, "adaptive drafted " .. st.drafted)
+    local oracle = function(n_out, _, kk)
+      local dr = {}
+      for j = 1, kk do dr[j] = base[n_out + j] or 0 end
+      return dr
+    end
+    out, st = d:greedy(prompt, N, 4, { policy = "adaptive", drafts = oracle })
+    assert.same(base, out)
+    assert.equals(st.drafted, st.accepted)
+    assert.is_true(st.steps <= 5, "adaptive with perfect drafts took " .. st.steps .. " steps")
+  end)
+
   it("with a sampler chain picking each committed token, sampled output is the same with and without drafts", function()
     local sampling = require("tide.sampling")
     local smp = assert(sampling.from_options({ temp = 1.5, top_k = 40, seed = 3 }))

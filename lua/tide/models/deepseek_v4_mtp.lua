@@ -242,6 +242,9 @@ end
 --               id or a true stop ends generation
 --   draft_pick(row, j) -> id   the MTP's pick of draft j (default: argmax)
 --   drafts(n_out, drafts, k) -> drafts   replaces the MTP's drafts (tests)
+--   policy      a draft policy (module or name under tide.scheduler.draft:
+--               "fixed", "adaptive"; policy_opts go to its new) choosing
+--               0..k drafts per step; without one every step drafts k
 function Mtp:greedy(prompt, n, k, opts)
   opts = opts or {}
   local m = self.model
@@ -256,6 +259,9 @@ function Mtp:greedy(prompt, n, k, opts)
   local mseq = opts.mseq or (k > 0 and assert(self:sequence())) or nil
   local keepX = tide.zeros({ math.max(#prompt, k + 1), hc, d })
   local stats = { steps = 0, drafted = 0, accepted = 0 }
+  local policy = opts.policy
+  if type(policy) == "string" then policy = require("tide.scheduler.draft." .. policy) end
+  local pstate = policy and policy.new(opts.policy_opts) or nil
   local out = {}
   local done = false
   local function commit(id, stop)
@@ -286,10 +292,30 @@ function Mtp:greedy(prompt, n, k, opts)
     ctoks[#ctoks + 1] = pending
     while not done do
       stats.steps = stats.steps + 1
+      local want = k
+      if k > 0 and policy then
+        want = policy.draft(pstate, { max = math.min(k, n - #out), steps = stats.steps - 1, rate = pstate.rate,
+          load = 1 })
+      end
       if k == 0 then
         lg = main_step(m, seq, { pending }, keepX, "last")
         commit(pick(lg))
         pending = out[#out]
+      elseif want == 0 then
+        -- the policy drafts nothing this step: a plain step; its streams wait for the next catch-up
+        lg = main_step(m, seq, { pending }, keepX, "last")
+        commit(pick(lg))
+        if cn + 1 > cX:size(0) then
+          local bigger = tide.zeros({ 2 * cX:size(0), hc, d })
+          check(C.tide_tensor_copy(bigger:narrow(0, 0, cn), cX:narrow(0, 0, cn)))
+          cX = bigger
+        end
+        check(C.tide_tensor_copy(cX:narrow(0, cn, 1), keepX:narrow(0, 0, 1)))
+        if out[#out] then
+          cn = cn + 1
+          ctoks[cn] = out[#out]
+          pending = out[#out]
+        end
       else
         -- 1. MTP catch-up over the main streams; its last row drafts d1
         local at = 0
@@ -308,6 +334,7 @@ function Mtp:greedy(prompt, n, k, opts)
         local drafts = { dpick(mres[1], 1) }
         cn = cn - at
         local kk = math.min(k, n - #out)
+        kk = math.min(kk, want)
         if kk > 1 then
           -- 2. recursive drafts on a fork of the MTP sequence, dropped after
           local f = assert(self:fork(mseq))
@@ -342,6 +369,7 @@ function Mtp:greedy(prompt, n, k, opts)
         end
         stats.drafted = stats.drafted + #drafts
         stats.accepted = stats.accepted + a
+        if policy then policy.observe(pstate, #drafts, a) end
         if a < #drafts then
           -- 4. rejection: back to the snapshot, feed the accepted prefix again
           seq:assign(snap)
