@@ -23,6 +23,8 @@ local spec = {
   ids = { type = "boolean", help = "print token ids even when there is a tokenizer" },
   draft = { type = "number", meta = "N", integer = true, min = 0, help = "speculative decoding: the MTP block "
     .. "drafts up to N tokens per step; same output as without (docs/speculative.md)" },
+  draft_policy = { type = "string", meta = "NAME", help = "with --draft: how many tokens to draft per step, "
+    .. "fixed (always N, the default) or adaptive (on the acceptance rate)" },
   show_logprobs = { type = "boolean", help = "after the text, print each token with its raw and sampled logprobs" },
 }
 for k, v in pairs(sampling.options) do if not spec[k] then spec[k] = v end end
@@ -115,9 +117,17 @@ function M.run(argv)
     -- speculative: the MTP block drafts, the main model verifies; the sampler chain picks every
     -- committed token from the main model's row, once per token and in order, so the output is the
     -- same as without --draft for any sampler and seed
+    local policy
+    if o.draft_policy then
+      local okp, pol = pcall(require, "tide.scheduler.draft." .. o.draft_policy)
+      if not okp or type(pol) ~= "table" then
+        args.fail("generate: --draft-policy " .. o.draft_policy .. ": no such policy (fixed, adaptive)")
+      end
+      policy = pol
+    end
     local d, derr = require("tide.models.deepseek_v4_mtp").new(model)
     if not d then args.fail("generate: --draft: " .. tostring(derr), 1) end
-    local ok, res, st = pcall(d.greedy, d, ids, max_new, o.draft, { seq = seq, pick = function(r)
+    local ok, res, st = pcall(d.greedy, d, ids, max_new, o.draft, { seq = seq, policy = policy, pick = function(r)
       t1 = t1 or tide.time()
       local id, text, reason = gen:step(r)
       if text and text ~= "" then io.write(text); io.stdout:flush() end
