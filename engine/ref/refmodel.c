@@ -303,7 +303,7 @@ static void layer_free(refm_layer *l) {
 void refm_free(refm *m) {
   if (!m) return;
   if (m->layers)
-    for (int i = 0; i < m->cfg.n_layers; i++) layer_free(&m->layers[i]);
+    for (int i = 0; i < m->cfg.n_layers + (m->cfg.has_mtp ? 1 : 0); i++) layer_free(&m->layers[i]);
   tide_xfree(m->layers);
   tide_tensor_release(&m->embed);
   tide_tensor_release(&m->norm);
@@ -312,6 +312,12 @@ void refm_free(refm *m) {
   tide_tensor_release(&m->hc_head_scale);
   rw_release(&m->head);
   tide_tensor_release(&m->head.w);
+  tide_tensor *mt[] = {&m->mtp_enorm, &m->mtp_hnorm, &m->mtp_norm, &m->mtp_hc_fn, &m->mtp_hc_base, &m->mtp_hc_scale,
+                       &m->mtp_e.w, &m->mtp_e.s, &m->mtp_h.w, &m->mtp_h.s};
+  rw_release(&m->mtp_e);
+  rw_release(&m->mtp_h);
+  for (size_t i = 0; i < sizeof mt / sizeof mt[0]; i++) tide_tensor_release(mt[i]);
+  tide_xfree(m->Xmain);
   tide_xfree(m->scratch);
   tide_xfree(m);
 }
@@ -323,6 +329,77 @@ static int get_vec(refm *m, const char *name, tide_tensor *out, int64_t n) {
                     (long long)tide_tensor_numel(out), (long long)n);
   if (!tide_tensor_is_contiguous(out)) return TIDE_ERR(TIDE_E_FORMAT, "reference: %s is not contiguous", name);
   return TIDE_OK;
+}
+
+/* Load one block's weights (prefix pre, e.g. "layers.3." or "mtp.0."). */
+static int load_block(refm *m, refm_layer *l, const char *pre, int r, int hash) {
+  const refm_cfg *c = &m->cfg;
+  int64_t d = c->hidden, hc = c->hc_mult, H = c->n_heads, D = 512, mix = (2 + hc) * hc;
+  int rc = TIDE_OK;
+  char nm[256];
+#define NAME(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
+#define TRY(x) do { rc = (x); if (rc < 0) return rc; } while (0)
+  l->ratio = r;
+  TRY(get_vec(m, NAME("%sattn_norm.weight", pre), &l->attn_norm, d));
+  TRY(get_vec(m, NAME("%sffn_norm.weight", pre), &l->ffn_norm, d));
+  TRY(get_vec(m, NAME("%shc_attn_fn", pre), &l->hc_attn_fn, mix * hc * d));
+  TRY(get_vec(m, NAME("%shc_attn_base", pre), &l->hc_attn_base, mix));
+  TRY(get_vec(m, NAME("%shc_attn_scale", pre), &l->hc_attn_scale, 3));
+  TRY(get_vec(m, NAME("%shc_ffn_fn", pre), &l->hc_ffn_fn, mix * hc * d));
+  TRY(get_vec(m, NAME("%shc_ffn_base", pre), &l->hc_ffn_base, mix));
+  TRY(get_vec(m, NAME("%shc_ffn_scale", pre), &l->hc_ffn_scale, 3));
+  TRY(rw_get(m, NAME("%sattn.wq_a.weight", pre), &l->wq_a, c->q_lora, d, 1));
+  TRY(get_vec(m, NAME("%sattn.q_norm.weight", pre), &l->q_norm, c->q_lora));
+  TRY(rw_get(m, NAME("%sattn.wq_b.weight", pre), &l->wq_b, H * D, c->q_lora, 1));
+  TRY(rw_get(m, NAME("%sattn.wkv.weight", pre), &l->wkv, D, d, 1));
+  TRY(get_vec(m, NAME("%sattn.kv_norm.weight", pre), &l->kv_norm, D));
+  TRY(rw_get(m, NAME("%sattn.wo_a.weight", pre), &l->wo_a, c->o_groups * c->o_lora, (H / c->o_groups) * D, 1));
+  TRY(rw_get(m, NAME("%sattn.wo_b.weight", pre), &l->wo_b, d, c->o_groups * c->o_lora, 1));
+  TRY(get_vec(m, NAME("%sattn.attn_sink", pre), &l->sink, H));
+  if (r > 1) {
+    int64_t cw = (r == 4 ? 2 : 1) * D;
+    TRY(rw_get(m, NAME("%sattn.compressor.wkv.weight", pre), &l->c_wkv, cw, d, 1));
+    TRY(rw_get(m, NAME("%sattn.compressor.wgate.weight", pre), &l->c_wgate, cw, d, 1));
+    TRY(get_vec(m, NAME("%sattn.compressor.ape", pre), &l->c_ape, r * cw));
+    TRY(get_vec(m, NAME("%sattn.compressor.norm.weight", pre), &l->c_norm, D));
+  }
+  if (r == 4) {
+    TRY(rw_get(m, NAME("%sattn.indexer.wq_b.weight", pre), &l->i_wq_b, c->idx_heads * 128, c->q_lora, 1));
+    TRY(rw_get(m, NAME("%sattn.indexer.weights_proj.weight", pre), &l->i_wproj, c->idx_heads, d, 1));
+    TRY(rw_get(m, NAME("%sattn.indexer.compressor.wkv.weight", pre), &l->ic_wkv, 256, d, 1));
+    TRY(rw_get(m, NAME("%sattn.indexer.compressor.wgate.weight", pre), &l->ic_wgate, 256, d, 1));
+    TRY(get_vec(m, NAME("%sattn.indexer.compressor.ape", pre), &l->ic_ape, 4 * 256));
+    TRY(get_vec(m, NAME("%sattn.indexer.compressor.norm.weight", pre), &l->ic_norm, 128));
+  }
+  TRY(rw_get(m, NAME("%sffn.gate.weight", pre), &l->gate, c->n_experts, d, 1));
+  if (hash) {
+    TRY(m->get(m->ctx, NAME("%sffn.gate.tid2eid", pre), &l->tid2eid));
+    if (l->tid2eid.ndim != 2 || l->tid2eid.sizes[0] != c->vocab || l->tid2eid.sizes[1] != c->topk ||
+        (l->tid2eid.dtype != TIDE_I64 && l->tid2eid.dtype != TIDE_I32)) {
+      rc = TIDE_ERR(TIDE_E_FORMAT, "reference: %s must be i64/i32 [%lld, %d]", nm, (long long)c->vocab, c->topk);
+      return rc;
+    }
+  } else {
+    TRY(get_vec(m, NAME("%sffn.gate.bias", pre), &l->gate_bias, c->n_experts));
+  }
+  l->n_experts = c->n_experts;
+  l->experts = tide_xcalloc((size_t)c->n_experts * 3, sizeof(rw));
+  if (!l->experts) return TIDE_E_NOMEM;
+  for (int e = 0; e < c->n_experts; e++) {
+    TRY(rw_get(m, NAME("%sffn.experts.%d.w1.weight", pre, e), &l->experts[3 * e], c->inter, d, 1));
+    TRY(rw_get(m, NAME("%sffn.experts.%d.w2.weight", pre, e), &l->experts[3 * e + 1], d, c->inter, 1));
+    TRY(rw_get(m, NAME("%sffn.experts.%d.w3.weight", pre, e), &l->experts[3 * e + 2], c->inter, d, 1));
+  }
+  int64_t sh = (int64_t)c->inter * c->n_shared;
+  if (c->n_shared > 0) {
+    TRY(rw_get(m, NAME("%sffn.shared_experts.w1.weight", pre), &l->sh_w1, sh, d, 1));
+    TRY(rw_get(m, NAME("%sffn.shared_experts.w2.weight", pre), &l->sh_w2, d, sh, 1));
+    TRY(rw_get(m, NAME("%sffn.shared_experts.w3.weight", pre), &l->sh_w3, sh, d, 1));
+  }
+
+#undef TRY
+#undef NAME
+  return rc;
 }
 
 int refm_new(refm **out, const refm_cfg *cfg, refm_getter get, void *ctx) {
@@ -339,10 +416,8 @@ int refm_new(refm **out, const refm_cfg *cfg, refm_getter get, void *ctx) {
   m->get = get;
   m->ctx = ctx;
   const refm_cfg *c = &m->cfg;
-  int64_t d = c->hidden, hc = c->hc_mult, H = c->n_heads, D = 512;
+  int64_t d = c->hidden, hc = c->hc_mult;
   int rc = TIDE_OK;
-  char nm[256];
-#define NAME(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
 #define TRY(x) do { rc = (x); if (rc < 0) goto fail; } while (0)
   TRY(get_vec(m, "embed.weight", &m->embed, c->vocab * d));
   TRY(get_vec(m, "norm.weight", &m->norm, d));
@@ -350,72 +425,30 @@ int refm_new(refm **out, const refm_cfg *cfg, refm_getter get, void *ctx) {
   TRY(get_vec(m, "hc_head_base", &m->hc_head_base, hc));
   TRY(get_vec(m, "hc_head_scale", &m->hc_head_scale, 1));
   TRY(rw_get(m, "head.weight", &m->head, c->vocab, d, 1));
-  m->layers = tide_xcalloc((size_t)c->n_layers, sizeof(refm_layer));
+  m->layers = tide_xcalloc((size_t)c->n_layers + 1, sizeof(refm_layer));
   if (!m->layers) { rc = TIDE_E_NOMEM; goto fail; }
-  int64_t mix = (2 + hc) * hc;
-  for (int L = 0; L < c->n_layers; L++) {
-    refm_layer *l = &m->layers[L];
-    int r = c->ratios[L] <= 1 ? 1 : c->ratios[L];
-    l->ratio = r;
-    TRY(get_vec(m, NAME("layers.%d.attn_norm.weight", L), &l->attn_norm, d));
-    TRY(get_vec(m, NAME("layers.%d.ffn_norm.weight", L), &l->ffn_norm, d));
-    TRY(get_vec(m, NAME("layers.%d.hc_attn_fn", L), &l->hc_attn_fn, mix * hc * d));
-    TRY(get_vec(m, NAME("layers.%d.hc_attn_base", L), &l->hc_attn_base, mix));
-    TRY(get_vec(m, NAME("layers.%d.hc_attn_scale", L), &l->hc_attn_scale, 3));
-    TRY(get_vec(m, NAME("layers.%d.hc_ffn_fn", L), &l->hc_ffn_fn, mix * hc * d));
-    TRY(get_vec(m, NAME("layers.%d.hc_ffn_base", L), &l->hc_ffn_base, mix));
-    TRY(get_vec(m, NAME("layers.%d.hc_ffn_scale", L), &l->hc_ffn_scale, 3));
-    TRY(rw_get(m, NAME("layers.%d.attn.wq_a.weight", L), &l->wq_a, c->q_lora, d, 1));
-    TRY(get_vec(m, NAME("layers.%d.attn.q_norm.weight", L), &l->q_norm, c->q_lora));
-    TRY(rw_get(m, NAME("layers.%d.attn.wq_b.weight", L), &l->wq_b, H * D, c->q_lora, 1));
-    TRY(rw_get(m, NAME("layers.%d.attn.wkv.weight", L), &l->wkv, D, d, 1));
-    TRY(get_vec(m, NAME("layers.%d.attn.kv_norm.weight", L), &l->kv_norm, D));
-    TRY(rw_get(m, NAME("layers.%d.attn.wo_a.weight", L), &l->wo_a, c->o_groups * c->o_lora, (H / c->o_groups) * D, 1));
-    TRY(rw_get(m, NAME("layers.%d.attn.wo_b.weight", L), &l->wo_b, d, c->o_groups * c->o_lora, 1));
-    TRY(get_vec(m, NAME("layers.%d.attn.attn_sink", L), &l->sink, H));
-    if (r > 1) {
-      int64_t cw = (r == 4 ? 2 : 1) * D;
-      TRY(rw_get(m, NAME("layers.%d.attn.compressor.wkv.weight", L), &l->c_wkv, cw, d, 1));
-      TRY(rw_get(m, NAME("layers.%d.attn.compressor.wgate.weight", L), &l->c_wgate, cw, d, 1));
-      TRY(get_vec(m, NAME("layers.%d.attn.compressor.ape", L), &l->c_ape, r * cw));
-      TRY(get_vec(m, NAME("layers.%d.attn.compressor.norm.weight", L), &l->c_norm, D));
-    }
-    if (r == 4) {
-      TRY(rw_get(m, NAME("layers.%d.attn.indexer.wq_b.weight", L), &l->i_wq_b, c->idx_heads * 128, c->q_lora, 1));
-      TRY(rw_get(m, NAME("layers.%d.attn.indexer.weights_proj.weight", L), &l->i_wproj, c->idx_heads, d, 1));
-      TRY(rw_get(m, NAME("layers.%d.attn.indexer.compressor.wkv.weight", L), &l->ic_wkv, 256, d, 1));
-      TRY(rw_get(m, NAME("layers.%d.attn.indexer.compressor.wgate.weight", L), &l->ic_wgate, 256, d, 1));
-      TRY(get_vec(m, NAME("layers.%d.attn.indexer.compressor.ape", L), &l->ic_ape, 4 * 256));
-      TRY(get_vec(m, NAME("layers.%d.attn.indexer.compressor.norm.weight", L), &l->ic_norm, 128));
-    }
-    TRY(rw_get(m, NAME("layers.%d.ffn.gate.weight", L), &l->gate, c->n_experts, d, 1));
-    if (L < c->n_hash_layers) {
-      TRY(m->get(m->ctx, NAME("layers.%d.ffn.gate.tid2eid", L), &l->tid2eid));
-      if (l->tid2eid.ndim != 2 || l->tid2eid.sizes[0] != c->vocab || l->tid2eid.sizes[1] != c->topk ||
-          (l->tid2eid.dtype != TIDE_I64 && l->tid2eid.dtype != TIDE_I32)) {
-        rc = TIDE_ERR(TIDE_E_FORMAT, "reference: %s must be i64/i32 [%lld, %d]", nm, (long long)c->vocab, c->topk);
-        goto fail;
-      }
-    } else {
-      TRY(get_vec(m, NAME("layers.%d.ffn.gate.bias", L), &l->gate_bias, c->n_experts));
-    }
-    l->n_experts = c->n_experts;
-    l->experts = tide_xcalloc((size_t)c->n_experts * 3, sizeof(rw));
-    if (!l->experts) { rc = TIDE_E_NOMEM; goto fail; }
-    for (int e = 0; e < c->n_experts; e++) {
-      TRY(rw_get(m, NAME("layers.%d.ffn.experts.%d.w1.weight", L, e), &l->experts[3 * e], c->inter, d, 1));
-      TRY(rw_get(m, NAME("layers.%d.ffn.experts.%d.w2.weight", L, e), &l->experts[3 * e + 1], d, c->inter, 1));
-      TRY(rw_get(m, NAME("layers.%d.ffn.experts.%d.w3.weight", L, e), &l->experts[3 * e + 2], c->inter, d, 1));
-    }
-    int64_t sh = (int64_t)c->inter * c->n_shared;
-    if (c->n_shared > 0) {
-      TRY(rw_get(m, NAME("layers.%d.ffn.shared_experts.w1.weight", L), &l->sh_w1, sh, d, 1));
-      TRY(rw_get(m, NAME("layers.%d.ffn.shared_experts.w2.weight", L), &l->sh_w2, d, sh, 1));
-      TRY(rw_get(m, NAME("layers.%d.ffn.shared_experts.w3.weight", L), &l->sh_w3, sh, d, 1));
-    }
+  int nblk = c->n_layers + (c->has_mtp ? 1 : 0);
+  for (int L = 0; L < nblk; L++) {
+    int mtp = L == c->n_layers;
+    int r0 = mtp ? c->mtp_ratio : c->ratios[L];
+    char pre[32];
+    if (mtp) snprintf(pre, sizeof pre, "mtp.0.");
+    else snprintf(pre, sizeof pre, "layers.%d.", L);
+    TRY(load_block(m, &m->layers[L], pre, r0 <= 1 ? 1 : r0, !mtp && L < c->n_hash_layers));
+  }
+  if (c->has_mtp) {
+    m->Xmain = tide_xcalloc((size_t)(hc * d), sizeof(float));
+    if (!m->Xmain) { rc = TIDE_E_NOMEM; goto fail; }
+    TRY(get_vec(m, "mtp.0.enorm.weight", &m->mtp_enorm, d));
+    TRY(get_vec(m, "mtp.0.hnorm.weight", &m->mtp_hnorm, d));
+    TRY(get_vec(m, "mtp.0.norm.weight", &m->mtp_norm, d));
+    TRY(get_vec(m, "mtp.0.hc_head_fn", &m->mtp_hc_fn, hc * hc * d));
+    TRY(get_vec(m, "mtp.0.hc_head_base", &m->mtp_hc_base, hc));
+    TRY(get_vec(m, "mtp.0.hc_head_scale", &m->mtp_hc_scale, 1));
+    TRY(rw_get(m, "mtp.0.e_proj.weight", &m->mtp_e, d, d, 1));
+    TRY(rw_get(m, "mtp.0.h_proj.weight", &m->mtp_h, d, d, 1));
   }
 #undef TRY
-#undef NAME
   rope_freqs(c, 0, m->freq_plain);
   rope_freqs(c, 1, m->freq_comp);
   *out = m;
@@ -427,7 +460,7 @@ fail:
 
 void refm_reset(refm *m) {
   m->len = 0;
-  for (int L = 0; L < m->cfg.n_layers; L++) {
+  for (int L = 0; L < m->cfg.n_layers + (m->cfg.has_mtp ? 1 : 0); L++) {
     refm_layer *l = &m->layers[L];
     l->n_tok = l->n_ent = 0;
   }
@@ -797,18 +830,19 @@ static void hc_post(refm *m, const float *a, float *X, const float *post, const 
     }
 }
 
-static void hc_head(refm *m, const float *X, float *y) {
+static void hc_head(refm *m, const float *X, float *y, const tide_tensor *fn, const tide_tensor *base,
+                    const tide_tensor *scale) {
   const refm_cfg *c = &m->cfg;
   int64_t hc = c->hc_mult, d = c->hidden, n = hc * d;
   double ss = 0;
   for (int64_t i = 0; i < n; i++) ss += (double)X[i] * X[i];
   double rho = 1.0 / sqrt(ss / (double)n + c->eps);
   float g[16];
-  float s = vec_at(&m->hc_head_scale, 0);
+  float s = vec_at(scale, 0);
   for (int64_t r = 0; r < hc; r++) {
     double acc = 0;
-    for (int64_t i = 0; i < n; i++) acc += (double)X[i] * vec_at(&m->hc_head_fn, r * n + i);
-    g[r] = sigm(s * (float)(acc * rho) + vec_at(&m->hc_head_base, r)) + c->hc_eps;
+    for (int64_t i = 0; i < n; i++) acc += (double)X[i] * vec_at(fn, r * n + i);
+    g[r] = sigm(s * (float)(acc * rho) + vec_at(base, r)) + c->hc_eps;
   }
   for (int64_t k = 0; k < d; k++) {
     double acc = 0;
@@ -881,10 +915,53 @@ int refm_forward_token(refm *m, int64_t id, float *logits) {
     TIDE_CHECK(moe_layer(m, L, x, id, p, a));
     hc_post(m, a, X, post, comb);
   }
-  hc_head(m, X, x);
+  if (m->Xmain) memcpy(m->Xmain, X, (size_t)(hc * d) * sizeof(float));
+  hc_head(m, X, x, &m->hc_head_fn, &m->hc_head_base, &m->hc_head_scale);
   rmsnorm(x, d, &m->norm, c->eps, 1);
   if (logits) gemv(&m->head, x, logits, 0);
   m->len = p + 1;
+  return TIDE_OK;
+}
+
+/* The MTP block (doc 2.4) at the next position of its own layer state. The
+ * rounding points are the fast path's (lua/tide/models/deepseek_v4_mtp.lua):
+ * e = bf16(RMSNorm(embed[id]; enorm)), E = bf16(e.e_proj^T); per stream
+ * h_i = bf16(RMSNorm(Hin_i; hnorm)), P_i = bf16(h_i.h_proj^T); X0_i = bf16(E + P_i). */
+int refm_mtp_token(refm *m, const float *Hin, int64_t id, float *logits, float *Hout) {
+  const refm_cfg *c = &m->cfg;
+  if (!c->has_mtp) return TIDE_ERR(TIDE_E_STATE, "reference: the checkpoint has no MTP block");
+  TIDE_CHECK(ensure_scratch(m));
+  if (id < 0 || id >= c->vocab)
+    return TIDE_ERR(TIDE_E_RANGE, "reference: token id %lld outside the vocabulary (0..%lld)", (long long)id,
+                    (long long)c->vocab - 1);
+  int L = c->n_layers;
+  refm_layer *l = &m->layers[L];
+  int64_t p = l->n_tok, d = c->hidden, hc = c->hc_mult;
+  if (p >= c->max_pos) return TIDE_ERR(TIDE_E_RANGE, "reference: MTP position %lld beyond max_position_embeddings", (long long)p);
+  float *X = m->X, *x = m->xin, *a = m->aout;
+  /* E = e . e_proj^T into a */
+  for (int64_t k = 0; k < d; k++) x[k] = vec_at(&m->embed, id * d + k);
+  rmsnorm(x, d, &m->mtp_enorm, c->eps, 1);
+  gemv(&m->mtp_e, x, a, 1);
+  for (int64_t i = 0; i < hc; i++) {
+    memcpy(x, Hin + i * d, (size_t)d * sizeof(float));
+    rmsnorm(x, d, &m->mtp_hnorm, c->eps, 1);
+    gemv(&m->mtp_h, x, X + i * d, 1);
+    for (int64_t k = 0; k < d; k++) X[i * d + k] = rbf(a[k] + X[i * d + k]);
+  }
+  float post[16], comb[256];
+  hc_pre(m, X, &l->hc_attn_fn, &l->hc_attn_base, &l->hc_attn_scale, x, post, comb);
+  rmsnorm(x, d, &l->attn_norm, c->eps, 1);
+  TIDE_CHECK(attn_layer(m, L, x, p, a));
+  hc_post(m, a, X, post, comb);
+  hc_pre(m, X, &l->hc_ffn_fn, &l->hc_ffn_base, &l->hc_ffn_scale, x, post, comb);
+  rmsnorm(x, d, &l->ffn_norm, c->eps, 1);
+  TIDE_CHECK(moe_layer(m, L, x, id, p, a));
+  hc_post(m, a, X, post, comb);
+  if (Hout) memcpy(Hout, X, (size_t)(hc * d) * sizeof(float));
+  hc_head(m, X, x, &m->mtp_hc_fn, &m->mtp_hc_base, &m->mtp_hc_scale);
+  rmsnorm(x, d, &m->mtp_norm, c->eps, 1);
+  if (logits) gemv(&m->head, x, logits, 0);
   return TIDE_OK;
 }
 

@@ -18,6 +18,8 @@ typedef struct refm_cfg {
   float routed_scale, swiglu_limit;
   int hc_mult, sinkhorn_iters;
   float hc_eps, eps;
+  int has_mtp;               /* load the MTP block (mtp.0.*) as layer n_layers */
+  int mtp_ratio;             /* its compress ratio (0/1 = SWA only) */
 } refm_cfg;
 
 /* a weight matrix in any checkpoint format */
@@ -66,7 +68,10 @@ typedef struct refm {
   void *ctx;
   tide_tensor embed, norm, hc_head_fn, hc_head_base, hc_head_scale;
   refm_w head;
-  refm_layer *layers;
+  refm_layer *layers;        /* n_layers main blocks, then the MTP block when has_mtp */
+  tide_tensor mtp_enorm, mtp_hnorm, mtp_norm, mtp_hc_fn, mtp_hc_base, mtp_hc_scale;
+  refm_w mtp_e, mtp_h;
+  float *Xmain;              /* [hc, d] main residual streams of the last token (before hc_head) */
   float freq_plain[32], freq_comp[32];
   int64_t len;
   /* scratch */
@@ -83,6 +88,11 @@ void refm_free(refm *m);
 void refm_reset(refm *m);
 /* Process the next token of the sequence (position m->len); logits [vocab] may be NULL. */
 int refm_forward_token(refm *m, int64_t id, float *logits);
+/* The MTP block (doc 2.4) for the next entry of its own sequence: Hin [hc, d]
+ * the streams at that position (main model's, or the block's own output when
+ * drafting), id the next token; logits [vocab] may be NULL; Hout [hc, d] the
+ * block's output streams (may be NULL). */
+int refm_mtp_token(refm *m, const float *Hin, int64_t id, float *logits, float *Hout);
 /* One layer's attention / MoE for the token at position p (per-layer use). */
 int refm_attn(refm *m, int layer, const float *x, int64_t p, float *out);
 int refm_moe(refm *m, int layer, const float *x, int64_t id, int64_t p, float *out);

@@ -2,6 +2,7 @@
  * its config comes from the checkpoint's parsed config, its weights from the
  * checkpoint's tensor views. Everything numeric stays in refmodel.c. */
 #include <stdio.h>
+#include <string.h>
 
 #include "ref/refmodel.h"
 
@@ -57,6 +58,11 @@ int tide_refmodel_new(tide_refmodel **out, const tide_ckpt *ck) {
   rc.sinkhorn_iters = c->hc_sinkhorn_iters;
   rc.hc_eps = (float)c->hc_eps;
   rc.eps = (float)c->rms_norm_eps;
+  /* the MTP block when the config has one and the checkpoint carries it */
+  if (c->num_nextn_predict_layers >= 1 && tide_ckpt_find(ck, "mtp.0.e_proj.weight") >= 0) {
+    rc.has_mtp = 1;
+    rc.mtp_ratio = tide_config_layer_ratio(c, c->num_hidden_layers);
+  }
   tide_refmodel *r = tide_xcalloc(1, sizeof *r);
   if (!r) return TIDE_E_NOMEM;
   int rc2 = refm_new(&r->m, &rc, get_tensor, (void *)ck);
@@ -142,4 +148,23 @@ int tide_refmodel_last_route(const tide_refmodel *r, int32_t layer, int32_t *ids
     if (weights) weights[i] = l->last_wts[i];
   }
   return k;
+}
+
+int tide_refmodel_hidden(const tide_refmodel *r, tide_tensor *out) {
+  if (!r) return TIDE_ERR(TIDE_E_INVALID, "NULL reference model");
+  if (!r->m->cfg.has_mtp) return TIDE_ERR(TIDE_E_STATE, "reference: the checkpoint has no MTP block");
+  TIDE_CHECK(vec_arg("out", out, (int64_t)r->m->cfg.hc_mult * r->m->cfg.hidden, 1));
+  memcpy(out->data, r->m->Xmain, (size_t)tide_tensor_numel(out) * sizeof(float));
+  return TIDE_OK;
+}
+
+int tide_refmodel_mtp(tide_refmodel *r, const tide_tensor *hidden, int64_t token, tide_tensor *logits,
+                      tide_tensor *hidden_out) {
+  if (!r) return TIDE_ERR(TIDE_E_INVALID, "NULL reference model");
+  int64_t n = (int64_t)r->m->cfg.hc_mult * r->m->cfg.hidden;
+  TIDE_CHECK(vec_arg("hidden", hidden, n, 0));
+  if (logits) TIDE_CHECK(vec_arg("logits", logits, r->m->cfg.vocab, 1));
+  if (hidden_out) TIDE_CHECK(vec_arg("hidden_out", hidden_out, n, 1));
+  return refm_mtp_token(r->m, hidden->data, token, logits ? (float *)logits->data : NULL,
+                        hidden_out ? (float *)hidden_out->data : NULL);
 }

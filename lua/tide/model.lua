@@ -399,6 +399,7 @@ function Model:step(entries, opts)
     and { topk = opts.dump_topk, routes = opts.dump_routes } or nil
   local ok, res = xpcall(function()
     self.net:forward(st)
+    if opts.after_forward then opts.after_forward(st) end   -- e.g. the MTP block reads st.v.X
     return self:_logits(st, rows)
   end, debug.traceback)
   self._step_dumps = nil

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "ref/refmodel.h"
+#include "tide/refmodel.h"
 #include "tt.h"
 
 static char dir_fp8[1200], dir_bf16[1200];
@@ -312,6 +313,61 @@ static void test_experts(void) {
   run_free(&one);
 }
 
+/* The MTP block through the public API: it runs on the main model's streams,
+ * depends on them and on the token, is deterministic, feeds its own streams
+ * back, and bad input is refused without moving its position. */
+static void test_mtp(void) {
+  if (!ck_bf16) return;
+  const tide_config *c = tide_ckpt_config(ck_bf16);
+  int64_t V = c->vocab_size, n = (int64_t)c->hc_mult * c->hidden_size;
+  tide_refmodel *a = NULL, *b = NULL;
+  TT_CHECK(tide_refmodel_new(&a, ck_bf16) == 0 && tide_refmodel_new(&b, ck_bf16) == 0, "refmodel_new: %s",
+           tide_last_error());
+  if (!a || !b) goto out;
+  float *buf = calloc((size_t)(4 * V + 4 * n), sizeof(float));
+  float *la = buf, *lb = buf + V, *lc = buf + 2 * V, *ld = buf + 3 * V;
+  float *H = buf + 4 * V, *Ha = H + n, *Hb = H + 2 * n, *H2 = H + 3 * n;
+  tide_tensor tla, tlb, tlc, tld, tH, tHa, tHb, tH2;
+  int64_t sv[1] = {V}, sh[2] = {c->hc_mult, c->hidden_size};
+  tide_tensor_wrap(&tla, la, TIDE_F32, 1, sv, NULL, NULL);
+  tide_tensor_wrap(&tlb, lb, TIDE_F32, 1, sv, NULL, NULL);
+  tide_tensor_wrap(&tlc, lc, TIDE_F32, 1, sv, NULL, NULL);
+  tide_tensor_wrap(&tld, ld, TIDE_F32, 1, sv, NULL, NULL);
+  tide_tensor_wrap(&tH, H, TIDE_F32, 2, sh, NULL, NULL);
+  tide_tensor_wrap(&tHa, Ha, TIDE_F32, 2, sh, NULL, NULL);
+  tide_tensor_wrap(&tHb, Hb, TIDE_F32, 2, sh, NULL, NULL);
+  tide_tensor_wrap(&tH2, H2, TIDE_F32, 2, sh, NULL, NULL);
+  for (int p = 0; p < 5; p++) TT_CHECK(tide_refmodel_step(a, token(p, V), NULL) == 0, "step %d", p);
+  TT_CHECK(tide_refmodel_hidden(a, &tH) == 0, "hidden: %s", tide_last_error());
+  /* bad token, bad sizes: refused, the position does not move */
+  TT_CHECK(tide_refmodel_mtp(a, &tH, V, &tla, NULL) == TIDE_E_RANGE, "token out of range accepted");
+  tide_tensor half;
+  int64_t shalf[1] = {n / 2};
+  tide_tensor_wrap(&half, H2, TIDE_F32, 1, shalf, NULL, NULL);
+  TT_CHECK(tide_refmodel_mtp(a, &half, 3, &tlb, NULL) == TIDE_E_INVALID, "wrong hidden size accepted");
+  TT_CHECK(tide_refmodel_mtp(a, &tH, 3, &tla, &tHa) == 0, "mtp: %s", tide_last_error());
+  TT_CHECK(tide_refmodel_mtp(b, &tH, 3, &tlb, &tHb) == 0, "mtp b: %s", tide_last_error());
+  TT_CHECK(memcmp(la, lb, (size_t)V * sizeof(float)) == 0 && memcmp(Ha, Hb, (size_t)n * sizeof(float)) == 0,
+           "the MTP block is not deterministic (or a refused call moved its position)");
+  double s = 0;
+  for (int64_t i = 0; i < V; i++) {
+    TT_CHECK(isfinite(la[i]), "logit %lld not finite", (long long)i);
+    s += (double)la[i] * la[i];
+  }
+  TT_CHECK(s > 0, "all-zero MTP logits");
+  /* the next entry: another token, and other streams, change the logits */
+  memcpy(H2, H, (size_t)n * sizeof(float));
+  for (int64_t i = 0; i < n; i++) H2[i] = -H2[i] * 0.5f + 0.25f;
+  TT_CHECK(tide_refmodel_mtp(a, &tHa, 5, &tlc, NULL) == 0, "recursive mtp: %s", tide_last_error());
+  TT_CHECK(tide_refmodel_mtp(b, &tH2, 5, &tld, NULL) == 0, "mtp on other streams: %s", tide_last_error());
+  TT_CHECK(memcmp(lc, ld, (size_t)V * sizeof(float)) != 0, "the MTP block ignores its input streams");
+  TT_CHECK(memcmp(la, lc, (size_t)V * sizeof(float)) != 0, "recursive MTP step repeats the first");
+  free(buf);
+out:
+  tide_refmodel_free(a);
+  tide_refmodel_free(b);
+}
+
 static void cleanup(void) {
   tide_ckpt_free(ck_bf16);
   run_free(&base_bf16);
@@ -322,7 +378,8 @@ static void cleanup(void) {
 
 int main(int argc, char **argv) {
   static const tt_test tests[] = {TT(test_base),         TT(test_depth),      TT(test_paths_short),
-                                  TT(test_paths_indexer), TT(test_paths_c128), TT(test_experts)};
+                                  TT(test_paths_indexer), TT(test_paths_c128), TT(test_experts),
+                                  TT(test_mtp)};
   int rc = tt_main(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
   cleanup();
   return rc;

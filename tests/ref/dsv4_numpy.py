@@ -304,10 +304,10 @@ class Model:
         return self.ck.vec(name)
 
     # ---- attention of layer L over the whole sequence
-    def attention(self, L, x, pos, replay_topk=None, dump=None):
-        c, P = self.c, "layers.%d.attn." % L
+    def attention(self, L, x, pos, replay_topk=None, dump=None, pre=None):
+        c, P = self.c, (pre or "layers.%d." % L) + "attn."
         T, H, D = x.shape[0], c["num_attention_heads"], 512
-        r = self.ratios[L]
+        r = self.ratios[L] if pre is None else max(1, (c["compress_ratios"] + [0] * (L + 1))[L])
         fr = self.fr_comp if r > 1 else self.fr_plain
         qr = mm(x, self.m(P + "wq_a.weight"))
         kv = mm(x, self.m(P + "wkv.weight"))
@@ -396,8 +396,8 @@ class Model:
         return mm(z, self.m(P + "wo_b.weight"))
 
     # ---- MoE of layer L
-    def moe(self, L, x, ids, replay=None, dump=None):
-        c, P = self.c, "layers.%d.ffn." % L
+    def moe(self, L, x, ids, replay=None, dump=None, pre=None):
+        c, P = self.c, (pre or "layers.%d." % L) + "ffn."
         T = x.shape[0]
         E, k = c["n_routed_experts"], c["num_experts_per_tok"]
         lim = c.get("swiglu_limit", 10.0)
@@ -412,7 +412,7 @@ class Model:
             sc = sc / sc.sum(axis=1, keepdims=True)
         if replay is not None:
             sel = np.asarray(replay[:T], dtype=np.int64)
-        elif L < c.get("num_hash_layers", 0):
+        elif pre is None and L < c.get("num_hash_layers", 0):
             tab, _ = self.ck.raw(P + "gate.tid2eid")
             sel = tab[np.asarray(ids)].astype(np.int64)
         else:
@@ -465,8 +465,36 @@ class Model:
             rr = replay_routes.get(str(L)) if replay_routes else None
             f = self.moe(L, x, ids, rr, dump_routes)
             X = hc_post(f, X, post, C)
+        self.X = X
         y = hc_head(X, self.v("hc_head_fn"), self.v("hc_head_scale"), self.v("hc_head_base"), self.eps, hc_eps)
         y = bf16_round(rmsnorm(y, self.v("norm.weight"), self.eps))
+        return (y.astype(np.float64) @ self.m("head.weight").T).astype(F32)
+
+    def mtp(self, ids, X, replay_routes=None):
+        """The MTP block (doc 2.4) at positions 0..T-2: the main streams X [T, hc, d] of forward()
+        with the next tokens ids[1..]; logits [T-1, vocab] (each predicts the token after next)."""
+        c, hc, P, L = self.c, self.hc, "mtp.0.", self.L
+        T, d = len(ids) - 1, c["hidden_size"]
+        iters, hc_eps = c.get("hc_sinkhorn_iters", 20), c.get("hc_eps", 1e-6)
+        nxt = list(ids[1:])
+        emb, dt = self.ck.raw("embed.weight")
+        emb = (emb.astype(np.uint32) << 16).view(F32) if dt == "BF16" else emb.astype(F32)
+        e = bf16_round(rmsnorm(emb[np.asarray(nxt)], self.v(P + "enorm.weight"), self.eps))
+        E = mm(e, self.m(P + "e_proj.weight"))
+        h = bf16_round(rmsnorm(X[:T].reshape(T * hc, d), self.v(P + "hnorm.weight"), self.eps))
+        Hp = mm(h, self.m(P + "h_proj.weight")).reshape(T, hc, d)
+        X = bf16_round((E[:, None, :].astype(np.float64) + Hp).astype(F32))
+        x, post, C = hc_pre(X, self.v(P + "hc_attn_fn"), self.v(P + "hc_attn_scale"), self.v(P + "hc_attn_base"),
+                            hc, iters, self.eps, hc_eps)
+        x = bf16_round(rmsnorm(x, self.v(P + "attn_norm.weight"), self.eps))
+        X = hc_post(self.attention(L, x, np.arange(T), None, None, P), X, post, C)
+        x, post, C = hc_pre(X, self.v(P + "hc_ffn_fn"), self.v(P + "hc_ffn_scale"), self.v(P + "hc_ffn_base"),
+                            hc, iters, self.eps, hc_eps)
+        x = bf16_round(rmsnorm(x, self.v(P + "ffn_norm.weight"), self.eps))
+        X = hc_post(self.moe(L, x, nxt, replay_routes, None, P), X, post, C)
+        y = hc_head(X, self.v(P + "hc_head_fn"), self.v(P + "hc_head_scale"), self.v(P + "hc_head_base"), self.eps,
+                    hc_eps)
+        y = bf16_round(rmsnorm(y, self.v(P + "norm.weight"), self.eps))
         return (y.astype(np.float64) @ self.m("head.weight").T).astype(F32)
 
 
@@ -479,6 +507,7 @@ def main():
     ap.add_argument("--replay-routes")
     ap.add_argument("--dump-topk")
     ap.add_argument("--dump-routes")
+    ap.add_argument("--mtp", action="store_true", help="write the MTP block's logits [T-1, vocab] instead")
     a = ap.parse_args()
     ids = [int(t) for t in a.tokens.replace(" ", ",").split(",") if t != ""]
 
@@ -490,6 +519,8 @@ def main():
     dt, dr = ({} if a.dump_topk else None), ({} if a.dump_routes else None)
     m = Model(Checkpoint(a.model))
     logits = m.forward(ids, load(a.replay_topk), load(a.replay_routes), dt, dr)
+    if a.mtp:
+        logits = m.mtp(ids, m.X)
     logits.astype("<f4").tofile(a.out)
     for p, d in ((a.dump_topk, dt), (a.dump_routes, dr)):
         if p:

@@ -26,6 +26,17 @@ int64_t tide_refmodel_length(const tide_refmodel *r);
  * changes). */
 int tide_refmodel_step(tide_refmodel *r, int64_t token, tide_tensor *logits);
 
+/* The MTP block (doc 2.4; checkpoints with mtp.0.*, else TIDE_E_STATE).
+ * tide_refmodel_hidden: the main model's residual streams [hc, d] (f32,
+ * before its hc_head) of the last token tide_refmodel_step processed.
+ * tide_refmodel_mtp: the block at the next position of its own dense state
+ * (from 0, one per call) on the streams `hidden` [hc, d] and the next token;
+ * logits [vocab] and hidden_out [hc, d] (its output streams, for drafting
+ * recursively) may be NULL. */
+int tide_refmodel_hidden(const tide_refmodel *r, tide_tensor *out);
+int tide_refmodel_mtp(tide_refmodel *r, const tide_tensor *hidden, int64_t token, tide_tensor *logits,
+                      tide_tensor *hidden_out);
+
 /* One layer alone, for per-layer reference switching: the attention (or MoE)
  * sub-layer of `layer` for the token at position pos, on the sub-layer input x
  * f32 [d] (after its RMSNorm) -> out f32 [d]. The attention keeps its own

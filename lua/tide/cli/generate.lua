@@ -21,6 +21,10 @@ local spec = {
   threads = { type = "number", meta = "N", integer = true, min = 0, help = "OpenMP threads (0: all cores)" },
   chunk = { type = "number", meta = "N", default = 256, integer = true, min = 1, help = "prefill tokens per step" },
   ids = { type = "boolean", help = "print token ids even when there is a tokenizer" },
+  draft = { type = "number", meta = "N", integer = true, min = 0, help = "speculative decoding: the MTP block "
+    .. "drafts up to N tokens per step; same output as without (docs/speculative.md)" },
+  draft_policy = { type = "string", meta = "NAME", help = "with --draft: how many tokens to draft per step, "
+    .. "fixed (always N, the default) or adaptive (on the acceptance rate)" },
   show_logprobs = { type = "boolean", help = "after the text, print each token with its raw and sampled logprobs" },
 }
 for k, v in pairs(sampling.options) do if not spec[k] then spec[k] = v end end
@@ -106,11 +110,42 @@ function M.run(argv)
   gen:prompt(ids)
   local seq = assert(model:sequence())
   local t0 = tide.time()
-  local ok, row = pcall(model.prefill, model, seq, ids, { chunk = chunk })
-  if not ok then args.fail("generate: " .. tostring(row), 1) end
-  local t1 = tide.time()
+  local t1
   local n = 0
-  while true do
+  local sst
+  if o.draft and o.draft > 0 then
+    -- speculative: the MTP block drafts, the main model verifies; the sampler chain picks every
+    -- committed token from the main model's row, once per token and in order, so the output is the
+    -- same as without --draft for any sampler and seed
+    local policy
+    if o.draft_policy then
+      local okp, pol = pcall(require, "tide.scheduler.draft." .. o.draft_policy)
+      if not okp or type(pol) ~= "table" then
+        args.fail("generate: --draft-policy " .. o.draft_policy .. ": no such policy (fixed, adaptive)")
+      end
+      policy = pol
+    end
+    local d, derr = require("tide.models.deepseek_v4_mtp").new(model)
+    if not d then args.fail("generate: --draft: " .. tostring(derr), 1) end
+    local ok, res, st = pcall(d.greedy, d, ids, max_new, o.draft, { seq = seq, policy = policy, pick = function(r)
+      t1 = t1 or tide.time()
+      local id, text, reason = gen:step(r)
+      if text and text ~= "" then io.write(text); io.stdout:flush() end
+      if id == nil then return nil end
+      n = n + 1
+      return id, reason ~= nil
+    end })
+    if not ok then args.fail("generate: " .. tostring(res), 1) end
+    sst = st
+  end
+  local row
+  if not sst then
+    local ok
+    ok, row = pcall(model.prefill, model, seq, ids, { chunk = chunk })
+    if not ok then args.fail("generate: " .. tostring(row), 1) end
+    t1 = tide.time()
+  end
+  while not sst do
     local id, text, reason = gen:step(row)
     if text and text ~= "" then io.write(text); io.stdout:flush() end
     if id == nil then break end
@@ -137,6 +172,11 @@ function M.run(argv)
   io.stderr:write(string.format("prefill: %d tokens in %.3f s (%.1f tokens/s); decode: %d tokens in %.3f s "
     .. "(%.2f tokens/s); finish: %s\n", #ids, pre, #ids / math.max(pre, 1e-9), n, dec,
     n / math.max(dec, 1e-9), tostring(gen.finish_reason)))
+  if sst then
+    io.stderr:write(string.format("draft: %d steps, %.2f tokens/step, %d drafted, %d accepted (%.1f%%)\n",
+      sst.steps, n / math.max(sst.steps, 1), sst.drafted, sst.accepted,
+      100 * sst.accepted / math.max(sst.drafted, 1)))
+  end
   seq:free()
   model:close()
   return 0

@@ -197,6 +197,52 @@ local function views(bufs, T)
   return v
 end
 
+-- One block's weights and fused jobs (prefix P, e.g. "layers.3."; ratio r;
+-- hash: routes by token id). The MTP block (deepseek_v4_mtp) builds its own
+-- block with it.
+function M.block_weights(net, ck, P, L, r, hash)
+  local cfg, B, D = net.cfg, net.bufs, 512
+  local l = {
+    index = L, ratio = r,
+    attn_norm = vec(ck, P .. "attn_norm.weight"), ffn_norm = vec(ck, P .. "ffn_norm.weight"),
+    hc_attn_fn = vec(ck, P .. "hc_attn_fn"), hc_attn_base = vec(ck, P .. "hc_attn_base"),
+    hc_attn_scale = vec(ck, P .. "hc_attn_scale"),
+    hc_ffn_fn = vec(ck, P .. "hc_ffn_fn"), hc_ffn_base = vec(ck, P .. "hc_ffn_base"),
+    hc_ffn_scale = vec(ck, P .. "hc_ffn_scale"),
+    q_norm = vec(ck, P .. "attn.q_norm.weight"), kv_norm = vec(ck, P .. "attn.kv_norm.weight"),
+    wq_a = linear(ck, P .. "attn.wq_a"), wkv = linear(ck, P .. "attn.wkv"),
+    wq_b = linear(ck, P .. "attn.wq_b"), wo_a = linear(ck, P .. "attn.wo_a"), wo_b = linear(ck, P .. "attn.wo_b"),
+    sink = vec(ck, P .. "attn.attn_sink"),
+    gate = linear(ck, P .. "ffn.gate"),
+    rope = r > 1 and net.rope_comp or net.rope_plain,
+  }
+  l.qkv = fused_pair(l.wq_a, l.wkv, B.x, B.qr, 0, B.kv, 0)
+  if r > 1 then
+    l.c_wkv, l.c_wgate = linear(ck, P .. "attn.compressor.wkv"), linear(ck, P .. "attn.compressor.wgate")
+    l.c_ape, l.c_norm = vec(ck, P .. "attn.compressor.ape"), vec(ck, P .. "attn.compressor.norm.weight")
+    local cw = (r == 4 and 2 or 1) * D
+    l.kvs_name = r == 4 and "kvs4" or "kvs128"
+    local kb = B[l.kvs_name]
+    l.comp = fused_pair(l.c_wkv, l.c_wgate, B.x, kb, 0, kb, cw)
+  end
+  if r == 4 then
+    l.i_wq_b = linear(ck, P .. "attn.indexer.wq_b")
+    l.i_wproj = linear(ck, P .. "attn.indexer.weights_proj")
+    l.ic_wkv, l.ic_wgate = linear(ck, P .. "attn.indexer.compressor.wkv"),
+      linear(ck, P .. "attn.indexer.compressor.wgate")
+    l.ic_ape = vec(ck, P .. "attn.indexer.compressor.ape")
+    l.ic_norm = vec(ck, P .. "attn.indexer.compressor.norm.weight")
+    l.icomp = fused_pair(l.ic_wkv, l.ic_wgate, B.x, B.ikvs, 0, B.ikvs, 256)
+  end
+  if hash then
+    l.tid2eid = vec(ck, P .. "ffn.gate.tid2eid")
+  else
+    l.gate_bias = vec(ck, P .. "ffn.gate.bias")
+  end
+  l.moe = moe_block(ck, cfg, P)
+  return l
+end
+
 function M.new(ck, opts)
   opts = opts or {}
   local cfg = ck.config
@@ -218,8 +264,6 @@ function M.new(ck, opts)
     cfg.routed_scaling_factor
   net.rcfg = rcfg
   net.bufs = buffers(cfg, net.max_tokens)
-  local B = net.bufs
-  local D = 512
   net.embed = vec(ck, "embed.weight")
   net.norm = vec(ck, "norm.weight")
   net.hc_head_fn, net.hc_head_base, net.hc_head_scale = vec(ck, "hc_head_fn"), vec(ck, "hc_head_base"),
@@ -228,46 +272,7 @@ function M.new(ck, opts)
   net.layers = {}
   local progress = opts.progress
   for L = 0, net.n_layers - 1 do
-    local P = "layers." .. L .. "."
-    local r = cfg.ratios[L]
-    local l = {
-      index = L, ratio = r,
-      attn_norm = vec(ck, P .. "attn_norm.weight"), ffn_norm = vec(ck, P .. "ffn_norm.weight"),
-      hc_attn_fn = vec(ck, P .. "hc_attn_fn"), hc_attn_base = vec(ck, P .. "hc_attn_base"),
-      hc_attn_scale = vec(ck, P .. "hc_attn_scale"),
-      hc_ffn_fn = vec(ck, P .. "hc_ffn_fn"), hc_ffn_base = vec(ck, P .. "hc_ffn_base"),
-      hc_ffn_scale = vec(ck, P .. "hc_ffn_scale"),
-      q_norm = vec(ck, P .. "attn.q_norm.weight"), kv_norm = vec(ck, P .. "attn.kv_norm.weight"),
-      wq_a = linear(ck, P .. "attn.wq_a"), wkv = linear(ck, P .. "attn.wkv"),
-      wq_b = linear(ck, P .. "attn.wq_b"), wo_a = linear(ck, P .. "attn.wo_a"), wo_b = linear(ck, P .. "attn.wo_b"),
-      sink = vec(ck, P .. "attn.attn_sink"),
-      gate = linear(ck, P .. "ffn.gate"),
-      rope = r > 1 and net.rope_comp or net.rope_plain,
-    }
-    l.qkv = fused_pair(l.wq_a, l.wkv, B.x, B.qr, 0, B.kv, 0)
-    if r > 1 then
-      l.c_wkv, l.c_wgate = linear(ck, P .. "attn.compressor.wkv"), linear(ck, P .. "attn.compressor.wgate")
-      l.c_ape, l.c_norm = vec(ck, P .. "attn.compressor.ape"), vec(ck, P .. "attn.compressor.norm.weight")
-      local cw = (r == 4 and 2 or 1) * D
-      l.kvs_name = r == 4 and "kvs4" or "kvs128"
-      local kb = B[l.kvs_name]
-      l.comp = fused_pair(l.c_wkv, l.c_wgate, B.x, kb, 0, kb, cw)
-    end
-    if r == 4 then
-      l.i_wq_b = linear(ck, P .. "attn.indexer.wq_b")
-      l.i_wproj = linear(ck, P .. "attn.indexer.weights_proj")
-      l.ic_wkv, l.ic_wgate = linear(ck, P .. "attn.indexer.compressor.wkv"),
-        linear(ck, P .. "attn.indexer.compressor.wgate")
-      l.ic_ape = vec(ck, P .. "attn.indexer.compressor.ape")
-      l.ic_norm = vec(ck, P .. "attn.indexer.compressor.norm.weight")
-      l.icomp = fused_pair(l.ic_wkv, l.ic_wgate, B.x, B.ikvs, 0, B.ikvs, 256)
-    end
-    if L < cfg.num_hash_layers then
-      l.tid2eid = vec(ck, P .. "ffn.gate.tid2eid")
-    else
-      l.gate_bias = vec(ck, P .. "ffn.gate.bias")
-    end
-    l.moe = moe_block(ck, cfg, P)
+    local l = M.block_weights(net, ck, "layers." .. L .. ".", L, cfg.ratios[L], L < cfg.num_hash_layers)
     net.layers[L] = l
     if progress then progress(L + 1, net.n_layers) end
   end
@@ -381,6 +386,28 @@ function Net:moe(l, st)
   check(C.tide_moe_forward(l.moe, v.a, v.x, v.rids, v.rw, ROUND_OPS))
 end
 
+-- One block (attention then MoE, each between hc_pre and hc_post) on the
+-- residual streams st.v.X.
+function Net:block(l, st)
+  local v, P, L = st.v, st.probes, l.index
+  -- (A) attention
+  check(C.tide_hc_pre(v.x, v.post, v.comb, v.X, l.hc_attn_fn, l.hc_attn_scale, l.hc_attn_base, self.hccfg))
+  check(C.tide_rmsnorm(v.x, v.x, l.attn_norm, self.eps, ROUND_OPS))
+  if P then P:fire("attn_in", L, v.x) end
+  ;(l.attention or self.attention)(self, l, st)
+  if P then P:fire("attn_out", L, v.a) end
+  check(C.tide_hc_post(v.X, v.a, v.X, v.post, v.comb, ROUND_OPS))
+  if P then P:fire("resid_attn", L, v.X) end
+  -- (F) MoE
+  check(C.tide_hc_pre(v.x, v.post, v.comb, v.X, l.hc_ffn_fn, l.hc_ffn_scale, l.hc_ffn_base, self.hccfg))
+  check(C.tide_rmsnorm(v.x, v.x, l.ffn_norm, self.eps, ROUND_OPS))
+  if P then P:fire("moe_in", L, v.x) end
+  ;(l.moe_fn or self.moe)(self, l, st)
+  if P then P:fire("moe_out", L, v.a) end
+  check(C.tide_hc_post(v.X, v.a, v.X, v.post, v.comb, ROUND_OPS))
+  if P then P:fire("resid_moe", L, v.X) end
+end
+
 -- The whole forward of a prepared step. st.T tokens, st.ids filled, st.batch
 -- prepared on st.cache. Leaves the final normalised hidden rows in st.v.x.
 function Net:forward(st)
@@ -388,25 +415,7 @@ function Net:forward(st)
   -- embedding copied into the hc residual streams
   check(C.tide_embed(v.X, self.embed, v.ids))
   if P then P:fire("embed", nil, v.X) end
-  for L = 0, self.n_layers - 1 do
-    local l = self.layers[L]
-    -- (A) attention
-    check(C.tide_hc_pre(v.x, v.post, v.comb, v.X, l.hc_attn_fn, l.hc_attn_scale, l.hc_attn_base, self.hccfg))
-    check(C.tide_rmsnorm(v.x, v.x, l.attn_norm, self.eps, ROUND_OPS))
-    if P then P:fire("attn_in", L, v.x) end
-    ;(l.attention or self.attention)(self, l, st)
-    if P then P:fire("attn_out", L, v.a) end
-    check(C.tide_hc_post(v.X, v.a, v.X, v.post, v.comb, ROUND_OPS))
-    if P then P:fire("resid_attn", L, v.X) end
-    -- (F) MoE
-    check(C.tide_hc_pre(v.x, v.post, v.comb, v.X, l.hc_ffn_fn, l.hc_ffn_scale, l.hc_ffn_base, self.hccfg))
-    check(C.tide_rmsnorm(v.x, v.x, l.ffn_norm, self.eps, ROUND_OPS))
-    if P then P:fire("moe_in", L, v.x) end
-    ;(l.moe_fn or self.moe)(self, l, st)
-    if P then P:fire("moe_out", L, v.a) end
-    check(C.tide_hc_post(v.X, v.a, v.X, v.post, v.comb, ROUND_OPS))
-    if P then P:fire("resid_moe", L, v.X) end
-  end
+  for L = 0, self.n_layers - 1 do self:block(self.layers[L], st) end
   -- mHC head, final norm (the LM head runs on the rows the caller wants)
   check(C.tide_hc_head(v.x, v.X, self.hc_head_fn, self.hc_head_scale, self.hc_head_base, self.hccfg))
   check(C.tide_rmsnorm(v.x, v.x, self.norm, self.eps, ROUND_OPS))
