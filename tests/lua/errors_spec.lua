@@ -78,7 +78,8 @@ describe("bad tokenizer_config.json", function()
   end
 
   it("is refused naming the file and the field", function()
-    local t, err, dir = load_with("ok", '{"bos_token": "<|bos|>", "add_bos_token": true}')
+    local t, err = load_with("ok", '{"bos_token": "<|bos|>", "add_bos_token": true}')
+    local dir
     assert.is_truthy(t, err)
     t:close()
     t, err, dir = load_with("malformed", '{"bos_token": ')
@@ -94,7 +95,8 @@ describe("bad tokenizer_config.json", function()
 end)
 
 describe("bad session files and requests", function()
-  local model = assert(tide.model(TINY, { max_tokens = 32, tokenizer = false, cache = { context = 256, max_seqs = 2 } }))
+  local model = assert(tide.model(TINY, { max_tokens = 32, tokenizer = false,
+    cache = { context = 256, max_seqs = 2 } }))
   local good = TMP .. "/good.tsess"
   do
     local s = model:session{ seed = 1, print = false, sampler = { temp = 0 } }
