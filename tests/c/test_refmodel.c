@@ -327,7 +327,8 @@ static void test_mtp(void) {
   float *buf = calloc((size_t)(4 * V + 4 * n), sizeof(float));
   float *la = buf, *lb = buf + V, *lc = buf + 2 * V, *ld = buf + 3 * V;
   float *H = buf + 4 * V, *Ha = H + n, *Hb = H + 2 * n, *H2 = H + 3 * n;
-  tide_tensor tla, tlb, tlc, tld, tH, tHa, tHb, tH2;
+  /* wrap releases what the tensor held before: start from empty tensors */
+  tide_tensor tla = {0}, tlb = {0}, tlc = {0}, tld = {0}, tH = {0}, tHa = {0}, tHb = {0}, tH2 = {0};
   int64_t sv[1] = {V}, sh[2] = {c->hc_mult, c->hidden_size};
   tide_tensor_wrap(&tla, la, TIDE_F32, 1, sv, NULL, NULL);
   tide_tensor_wrap(&tlb, lb, TIDE_F32, 1, sv, NULL, NULL);
@@ -341,7 +342,7 @@ static void test_mtp(void) {
   TT_CHECK(tide_refmodel_hidden(a, &tH) == 0, "hidden: %s", tide_last_error());
   /* bad token, bad sizes: refused, the position does not move */
   TT_CHECK(tide_refmodel_mtp(a, &tH, V, &tla, NULL) == TIDE_E_RANGE, "token out of range accepted");
-  tide_tensor half;
+  tide_tensor half = {0};
   int64_t shalf[1] = {n / 2};
   tide_tensor_wrap(&half, H2, TIDE_F32, 1, shalf, NULL, NULL);
   TT_CHECK(tide_refmodel_mtp(a, &half, 3, &tlb, NULL) == TIDE_E_INVALID, "wrong hidden size accepted");
@@ -362,6 +363,8 @@ static void test_mtp(void) {
   TT_CHECK(tide_refmodel_mtp(b, &tH2, 5, &tld, NULL) == 0, "mtp on other streams: %s", tide_last_error());
   TT_CHECK(memcmp(lc, ld, (size_t)V * sizeof(float)) != 0, "the MTP block ignores its input streams");
   TT_CHECK(memcmp(la, lc, (size_t)V * sizeof(float)) != 0, "recursive MTP step repeats the first");
+  tide_tensor *ts[] = {&tla, &tlb, &tlc, &tld, &tH, &tHa, &tHb, &tH2, &half};
+  for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) tide_tensor_release(ts[i]);
   free(buf);
 out:
   tide_refmodel_free(a);
