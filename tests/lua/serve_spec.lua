@@ -121,7 +121,7 @@ local PID, PORT = start("main", "--parallel 16")
 
 describe("tide serve", function()
   it("answers the openai client: chat and completions, streamed and not, logprobs, usage, 16 streams", function()
-    if not NODE_OK then pending("node or the openai npm package is missing") return end
+    assert(NODE_OK, "node or the openai npm package is missing" .. " (scripts/deps.sh installs both)")
     local r = client("openai", PORT)
     assert.is_nil(r.fatal)
     local want = batch_tokens(r.cases)
@@ -174,7 +174,7 @@ describe("tide serve", function()
   end)
 
   it("cancels a request whose client leaves mid-stream and frees its blocks; the other stream is unaffected", function()
-    if not NODE_OK then pending("node is missing") return end
+    assert(NODE_OK, "node is missing" .. " (scripts/deps.sh installs both)")
     local r = client("drop", PORT)
     assert.is_nil(r.fatal)
     assert.is_true(r.dropped_after_chunks >= 2)
@@ -197,7 +197,7 @@ describe("tide serve", function()
   end)
 
   it("gives each kind of bad input its status and error object, and keeps serving", function()
-    if not NODE_OK then pending("node is missing") return end
+    assert(NODE_OK, "node is missing" .. " (scripts/deps.sh installs both)")
     local r = client("bad", PORT)
     assert.is_nil(r.fatal)
     local function check(name, status, code)
@@ -255,7 +255,7 @@ describe("tide serve", function()
   end)
 
   it("answers 503 + Retry-After when the queue is full; SIGTERM ends running streams within --shutdown", function()
-    if not NODE_OK then pending("node is missing") return end
+    assert(NODE_OK, "node is missing" .. " (scripts/deps.sh installs both)")
     local pid, port = start("queue", "--parallel 1 --queue 1 --shutdown 1")
     local r = client("queue", port, pid)
     assert.is_nil(r.fatal)
