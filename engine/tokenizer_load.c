@@ -68,10 +68,17 @@ int tok_grow(char **buf, size_t *cap, size_t need) {
   return TIDE_OK;
 }
 
-/* Append bytes to tok->strings; returns the offset or UINT32_MAX. */
+/* Append bytes to tok->strings; returns the offset or UINT32_MAX. s may
+ * point into tok->strings itself (a normalizer that changes nothing hands
+ * back its input): it is re-based after the buffer grows, since growing may
+ * move it (found by fuzz/tokenizer_load). */
 static uint32_t add_string(tide_tokenizer *t, const char *s, size_t n) {
   if (t->strings_len + n + 1 > UINT32_MAX - 1) return UINT32_MAX;
+  uintptr_t base = (uintptr_t)t->strings, at = (uintptr_t)s;
+  int inside = t->strings && at >= base && at < base + t->strings_len;
+  size_t rel = inside ? (size_t)(at - base) : 0;
   if (tok_grow(&t->strings, &t->strings_cap, t->strings_len + n + 1)) return UINT32_MAX;
+  if (inside) s = t->strings + rel;
   uint32_t off = (uint32_t)t->strings_len;
   memcpy(t->strings + off, s, n);
   t->strings[off + n] = 0;
