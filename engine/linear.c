@@ -9,6 +9,7 @@
 
 #include "convert.h"
 #include "linear.h"
+#include "linear_q8.h"
 
 #ifndef TIDE_HAVE_DNNL
 int tide_dnnl_sgemm_nt(int64_t m, int64_t n, int64_t k, const float *x, int64_t ldx, const float *w, int64_t ldw,
@@ -140,8 +141,9 @@ int64_t tide_linear_weight_bytes(const tide_linear *l) { return l ? l->wbytes : 
 
 int tide_linear_set_policy(tide_linear *l, int policy) {
   if (!l) return TIDE_ERR(TIDE_E_INVALID, "NULL linear");
-  if (policy != TIDE_LINEAR_INVARIANT && policy != TIDE_LINEAR_FAST)
-    return TIDE_ERR(TIDE_E_INVALID, "bad policy %d (TIDE_LINEAR_INVARIANT = 0, TIDE_LINEAR_FAST = 1)", policy);
+  if (policy != TIDE_LINEAR_INVARIANT && policy != TIDE_LINEAR_FAST && policy != TIDE_LINEAR_Q8)
+    return TIDE_ERR(TIDE_E_INVALID, "bad policy %d (TIDE_LINEAR_INVARIANT = 0, TIDE_LINEAR_FAST = 1, TIDE_LINEAR_Q8 = 2)",
+                    policy);
   l->policy = policy;
   return TIDE_OK;
 }
@@ -158,6 +160,7 @@ typedef struct {
   float *y;            /* output of row r0; m rows at stride ldy */
   int64_t ldy;
   int64_t m;
+  tide_q8_rows q8;     /* Q8 policy: x quantised (q NULL otherwise) */
 } lin_work;
 
 enum { KERN_REF = 0, KERN_AVX2 = 1 };
@@ -165,6 +168,16 @@ enum { KERN_REF = 0, KERN_AVX2 = 1 };
 static void run_kernel(int kern, const lin_work *w, int64_t a, int64_t b, int flags) {
   const float *x = w->x;
   float *y = w->y + a;
+  if (w->q8.q) {
+#if defined(__x86_64__)
+    if (kern == KERN_AVX2) {
+      tide_linear_q8_avx2_rows(w->l, w->r0 + a, b - a, &w->q8, y, w->ldy, w->m, flags);
+      return;
+    }
+#endif
+    tide_linear_q8_ref_rows(w->l, w->r0 + a, b - a, &w->q8, y, w->ldy, w->m, flags);
+    return;
+  }
 #if defined(__x86_64__)
   if (kern == KERN_AVX2) {
     tide_linear_avx2_rows(w->l, w->r0 + a, b - a, x, w->ldx, y, w->ldy, w->m, flags);
@@ -185,13 +198,62 @@ static int64_t chunk_cost(const lin_work *w, int64_t rows) {
   return rows * (4 * bpr + w->l->k * w->m) + 1;
 }
 
-static void run_works(const lin_work *ws, int nw, int flags, int kern) {
+/* Q8 policy: quantise the x of every work whose handle takes it (works on
+ * the same x share one copy: the MoE's w1 and w3). One heap block per call;
+ * ws[j].q8 points into it. Returns the block (NULL when no work needed it,
+ * or with *rc = TIDE_E_NOMEM). */
+static void *q8_prepare(lin_work *ws, int nw, int kern, int *rc) {
+  size_t bytes = 0;
+  for (int j = 0; j < nw; j++)
+    if (ws[j].m > 0 && ws[j].nr > 0 && tide_linear_q8_applies(ws[j].l))
+      bytes += tide_q8_bytes(ws[j].m, ws[j].l->k) + 32;
+  *rc = TIDE_OK;
+  if (!bytes) return NULL;
+  uint8_t *blk = tide_xmalloc(bytes);
+  if (!blk) {
+    *rc = TIDE_E_NOMEM;
+    return NULL;
+  }
+  size_t off = 0;
+  for (int j = 0; j < nw; j++) {
+    lin_work *w = &ws[j];
+    if (!(w->m > 0 && w->nr > 0 && tide_linear_q8_applies(w->l))) continue;
+    int64_t K = w->l->k;
+    int shared = 0;
+    for (int i = 0; i < j && !shared; i++)
+      if (ws[i].q8.q && ws[i].x == w->x && ws[i].ldx == w->ldx && ws[i].m == w->m && ws[i].l->k == K) {
+        w->q8 = ws[i].q8;
+        shared = 1;
+      }
+    if (shared) continue;
+    tide_q8_rows r = tide_q8_layout(blk + off, w->m, K);
+    off += tide_q8_bytes(w->m, K);
+#if defined(__x86_64__)
+    if (kern == KERN_AVX2)
+      tide_q8_quantize_avx2(w->x, w->ldx, w->m, K, &r);
+    else
+#endif
+      tide_q8_quantize_ref(w->x, w->ldx, w->m, K, &r);
+    w->q8 = r;
+  }
+  return blk;
+}
+
+/* use_q8: the call honours the Q8 policy (AUTO paths, not the explicit
+ * backends nor the grouped form) */
+static int run_works(lin_work *ws, int nw, int flags, int kern, int use_q8) {
+  int q8rc = TIDE_OK;
+  void *q8blk = use_q8 ? q8_prepare(ws, nw, kern, &q8rc) : NULL;
+  if (q8rc != TIDE_OK) return q8rc;
   int64_t total = 0;
   for (int j = 0; j < nw; j++) {
     if (ws[j].m <= 0 || ws[j].nr <= 0) continue;
     for (int64_t a = 0; a < ws[j].nr; a += CHUNK) total += chunk_cost(&ws[j], ws[j].nr - a < CHUNK ? ws[j].nr - a : CHUNK);
   }
-  if (total == 0) return;
+  if (total == 0) {
+    tide_xfree(q8blk);
+    return TIDE_OK;
+  }
   int parallel = total > (1 << 17) && tide_omp_threads() > 1;
 #ifdef _OPENMP
 #pragma omp parallel if (parallel)
@@ -226,6 +288,8 @@ static void run_works(const lin_work *ws, int nw, int flags, int kern) {
     }
   }
   (void)parallel;
+  tide_xfree(q8blk);
+  return TIDE_OK;
 }
 
 static int kern_auto(void) {
@@ -290,14 +354,13 @@ enum { DNNL_MIN_M = 16 };
 /* y = x . W^T on f32 rows with a backend choice. */
 static int run(const tide_linear *l, float *y, int64_t ldy, const float *x, int64_t ldx, int64_t m, int backend,
                int flags) {
-  lin_work w = {l, 0, l->n, x, ldx, y, ldy, m};
+  lin_work w = {l, 0, l->n, x, ldx, y, ldy, m, {NULL, NULL, NULL}};
   switch (backend) {
-    case TIDE_BACKEND_REF: run_works(&w, 1, flags, KERN_REF); return TIDE_OK;
+    case TIDE_BACKEND_REF: return run_works(&w, 1, flags, KERN_REF, 0);
     case TIDE_BACKEND_AVX2:
       if (kern_auto() != KERN_AVX2)
         return TIDE_ERR(TIDE_E_UNSUPPORTED, "no AVX2 kernels on this CPU/build (or TIDE_REF is set)");
-      run_works(&w, 1, flags, KERN_AVX2);
-      return TIDE_OK;
+      return run_works(&w, 1, flags, KERN_AVX2, 0);
     case TIDE_BACKEND_DNNL: return run_dnnl(l, x, ldx, y, ldy, m, flags);
     default: break;
   }
@@ -306,8 +369,7 @@ static int run(const tide_linear *l, float *y, int64_t ldy, const float *x, int6
     if (rc != TIDE_E_UNSUPPORTED) return rc;
     tide_clear_error();
   }
-  run_works(&w, 1, flags, kern_auto());
-  return TIDE_OK;
+  return run_works(&w, 1, flags, kern_auto(), 1);
 }
 
 static int check_flags(const char *fn, int flags) {
@@ -412,10 +474,10 @@ int tide_linear_forward_grouped(const tide_linear *l, tide_tensor *y, const tide
     if (!ws) return TIDE_E_NOMEM;
   }
   for (int64_t g = 0; g < groups; g++)
-    ws[g] = (lin_work){l, g * n, n, (const float *)x->data + g * k, ldx, (float *)y->data + g * n, ldy, M};
-  run_works(ws, (int)groups, flags, kern_auto());
+    ws[g] = (lin_work){l, g * n, n, (const float *)x->data + g * k, ldx, (float *)y->data + g * n, ldy, M, {NULL, NULL, NULL}};
+  int rc = run_works(ws, (int)groups, flags, kern_auto(), 0);
   if (ws != stack_ws) tide_xfree(ws);
-  return TIDE_OK;
+  return rc;
 }
 
 int tide_linear_forward_many(const tide_linear_job *jobs, int n_jobs, int flags) {
@@ -440,11 +502,11 @@ int tide_linear_forward_many(const tide_linear_job *jobs, int n_jobs, int flags)
   }
   for (int j = 0; j < n_jobs; j++) {
     const tide_linear_job *q = &jobs[j];
-    ws[j] = (lin_work){q->l, 0, q->m ? q->l->n : 0, q->x, q->ldx, q->y, q->ldy, q->m};
+    ws[j] = (lin_work){q->l, 0, q->m ? q->l->n : 0, q->x, q->ldx, q->y, q->ldy, q->m, {NULL, NULL, NULL}};
   }
-  run_works(ws, n_jobs, flags, kern_auto());
+  int rc = run_works(ws, n_jobs, flags, kern_auto(), 1);
   if (ws != stack_ws) tide_xfree(ws);
-  return TIDE_OK;
+  return rc;
 }
 
 int tide_matmul(tide_tensor *y, const tide_tensor *x, const tide_tensor *w, int backend) {

@@ -21,6 +21,7 @@ struct tide_moe {
   int64_t d, inter;       /* hidden size, routed expert width */
   int64_t sinter;         /* shared expert width (0: none) */
   float lim;              /* swiglu_limit */
+  int policy;             /* linear policy of the routed experts (tide_moe_set_policy) */
   tide_linear **w;        /* [3 * E]: w1, w2, w3 of expert e at 3e, 3e+1, 3e+2 */
   tide_linear *sw[3];     /* shared w1, w2, w3 (NULL: none) */
   moe_job *jobs;          /* [2 * E + 2] */
@@ -132,7 +133,19 @@ int tide_moe_set_expert(tide_moe *m, int32_t e, const tide_tensor *w1, const tid
   for (int j = 0; j < 3; j++) {
     tide_linear_free(slot[j]);
     slot[j] = l[j];
+    tide_linear_set_policy(slot[j], m->policy);
   }
+  return TIDE_OK;
+}
+
+int tide_moe_set_policy(tide_moe *m, int policy) {
+  if (!m) return TIDE_ERR(TIDE_E_INVALID, "NULL moe");
+  if (policy != TIDE_LINEAR_INVARIANT && policy != TIDE_LINEAR_FAST && policy != TIDE_LINEAR_Q8)
+    return TIDE_ERR(TIDE_E_INVALID, "bad policy %d (TIDE_LINEAR_INVARIANT = 0, TIDE_LINEAR_FAST = 1, TIDE_LINEAR_Q8 = 2)",
+                    policy);
+  m->policy = policy;
+  for (int64_t j = 0; j < 3 * (int64_t)m->E; j++)
+    if (m->w[j]) tide_linear_set_policy(m->w[j], policy);
   return TIDE_OK;
 }
 

@@ -79,9 +79,12 @@ local shapes = {
   { name = "wq_b", fmt = "fp8", n = 32768, k = 1024 },
   { name = "wo_b", fmt = "fp8", n = 4096, k = 8192 },
   { name = "expert w1", fmt = "mxfp4", n = 2048, k = 4096 },
+  { name = "expert w1", fmt = "mxfp4", n = 2048, k = 4096, policy = "q8" },
+  { name = "expert w2", fmt = "mxfp4", n = 4096, k = 2048, policy = "q8" },
   { name = "head", fmt = "bf16", n = quick and 16384 or 129280, k = 4096 },
   { name = "K=N=4096", fmt = "fp8", n = 4096, k = 4096 },
   { name = "K=N=4096", fmt = "mxfp4", n = 4096, k = 4096 },
+  { name = "K=N=4096", fmt = "mxfp4", n = 4096, k = 4096, policy = "q8" },
   { name = "K=N=4096", fmt = "bf16", n = 4096, k = 4096 },
   { name = "K=N=4096", fmt = "f32", n = 4096, k = 4096 },
 }
@@ -102,6 +105,7 @@ local function sweep_copies(sh)
   local copies = { q.linear(make_weight(sh.fmt, sh.n, sh.k, 1)) }
   local ncopies = math.max(1, math.ceil(MIN_SWEEP / copies[1].bytes))
   for c = 2, ncopies do copies[c] = q.linear(make_weight(sh.fmt, sh.n, sh.k, c)) end
+  if sh.policy then for c = 1, ncopies do copies[c]:policy(sh.policy) end end
   return copies
 end
 
@@ -121,6 +125,9 @@ local function sweep_rate(copies, sh, M, nt)
   return copies[1].bytes / t / 1e9
 end
 
+-- the format column: "mxfp4 q8" for the opt-in int8-activation policy
+local function fmt_label(sh) return sh.policy and (sh.fmt .. " " .. sh.policy) or sh.fmt end
+
 local rows, drows = {}, {}
 local notes = {}
 local DECODE_MS = { 2, 4, 8 }
@@ -137,7 +144,8 @@ for _, sh in ipairs(shapes) do
     local g = sweep_rate(copies, sh, M, T)
     dcells[#dcells + 1] = string.format("%.1f (%.0f%%) %.0f", g, 100 * g / bwT, g * flop_per_byte * M)
   end
-  drows[#drows + 1] = string.format("| %s %dx%d | %s | %s |", sh.name, sh.n, sh.k, sh.fmt, table.concat(dcells, " | "))
+  drows[#drows + 1] = string.format("| %s %dx%d | %s | %s |", sh.name, sh.n, sh.k, fmt_label(sh),
+    table.concat(dcells, " | "))
   if not decode_only then
     -- prefill: invariant kernels, oneDNN f32 on f32 weights, FAST policy
     local w, s = make_weight(sh.fmt, sh.n, sh.k, 1)
@@ -155,7 +163,7 @@ for _, sh in ipairs(shapes) do
       if ok and lin.format ~= "f32" then
         lin:policy("fast")
         tf = with_threads(T, function() return timeit(function() lin:forward(x, opts) end) end)
-        lin:policy("invariant")
+        lin:policy(sh.policy or "invariant")
       end
       cells[#cells + 1] = string.format("%.0f / %s / %s", flop / ti / 1e9, ok and string.format("%.0f", flop / td / 1e9)
         or "n/a", tf and string.format("%.0f", flop / tf / 1e9) or "=")
@@ -163,7 +171,7 @@ for _, sh in ipairs(shapes) do
           M, ti / td) end
     end
     rows[#rows + 1] = string.format("| %s %dx%d | %s | %.1f | %.1f (%.0f%%) | %.1f (%.0f%%) | %s | %s |", sh.name, sh.n,
-      sh.k, sh.fmt, bytes / 1048576, g1, 100 * g1 / bw1, gT, 100 * gT / bwT, cells[1], cells[2])
+      sh.k, fmt_label(sh), bytes / 1048576, g1, 100 * g1 / bw1, gT, 100 * gT / bwT, cells[1], cells[2])
     lf:close()
   end
   close_all(copies)

@@ -17,8 +17,8 @@ local M = {}
 local FORMATS = { [0] = "f32", "bf16", "f16", "fp8", "mxfp4" }
 M.formats = FORMATS
 local BACKENDS = { auto = 0, ref = 1, avx2 = 2, dnnl = 3 }
-local POLICIES = { invariant = 0, fast = 1 }
-local POLICY_NAMES = { [0] = "invariant", "fast" }
+local POLICIES = { invariant = 0, fast = 1, q8 = 2 }
+local POLICY_NAMES = { [0] = "invariant", "fast", "q8" }
 
 local i64box = ffi.new("int64_t[2]")
 local intbox = ffi.new("int[1]")
@@ -107,12 +107,13 @@ function Linear:grouped(x, groups, opts)
   return y
 end
 
--- policy() -> "invariant" | "fast"; policy(name) sets it.
+-- policy() -> "invariant" | "fast" | "q8"; policy(name) sets it (q8: int8
+-- activations for MXFP4 weights, opt-in, docs/linear.md).
 function Linear:policy(name)
   local p = live(self, 2)
   if name == nil then return POLICY_NAMES[C.tide_linear_get_policy(p)] end
   local v = POLICIES[name]
-  if not v then error("unknown policy '" .. tostring(name) .. "' (invariant, fast)", 2) end
+  if not v then error("unknown policy '" .. tostring(name) .. "' (invariant, fast, q8)", 2) end
   check(C.tide_linear_set_policy(p, v), 2)
   return name
 end

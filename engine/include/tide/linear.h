@@ -76,10 +76,17 @@ enum {
 /* Policy of a handle. INVARIANT (the default): AUTO uses the invariant
  * kernels above. FAST: AUTO may use oneDNN f32 (on dequantised panels) for
  * large M where it measures faster; results then depend on M and on the
- * thread count. */
+ * thread count. Q8 (opt-in, MXFP4 weights with K a multiple of 32; other
+ * handles run as INVARIANT): every row of x is quantised to int8 per block
+ * of 32 columns and multiplied with the e2m1 codes in integers, about twice
+ * the speed of the exact path on AVX2 at other numbers (the int8 rounding
+ * of x, measured in docs/linear.md); still invariant to the batch, the row
+ * range and the thread count. The explicit backends (REF, AVX2, DNNL) and
+ * the grouped form ignore it. */
 enum {
   TIDE_LINEAR_INVARIANT = 0,
-  TIDE_LINEAR_FAST = 1
+  TIDE_LINEAR_FAST = 1,
+  TIDE_LINEAR_Q8 = 2
 };
 /* Set the policy of l (not thread-safe against forwards on l running at the
  * same time). */

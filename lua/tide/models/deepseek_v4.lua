@@ -126,7 +126,21 @@ local function rope_for(cfg, compressed)
   return ffi.gc(box[0], C.tide_rope_free)
 end
 
-local function moe_block(ck, cfg, P)
+-- The routed experts' linear policy: opts.experts "exact" (the default, the
+-- invariant kernels) or "q8" (int8 activations for MXFP4 experts: opt-in,
+-- about 3x the kernel speed on AVX2, accuracy in docs/linear.md); when
+-- opts.experts is nil, TIDE_EXPERTS in the environment decides.
+local EXPERT_POLICIES = { exact = 0, q8 = 2 }
+function M.experts_policy(opts)
+  local v = opts and opts.experts
+  if v == nil then v = os.getenv("TIDE_EXPERTS") end
+  if v == nil or v == "" then v = "exact" end
+  local p = EXPERT_POLICIES[v]
+  if not p then error("tide.model: experts = '" .. tostring(v) .. "' (expected exact or q8)", 0) end
+  return p, v
+end
+
+local function moe_block(ck, cfg, P, policy)
   local box = ffi.new("tide_moe*[1]")
   -- swiglu_limit <= 0 means no clamp (DeepSeek's reference); the block takes INFINITY for that
   local lim = cfg.swiglu_limit > 0 and cfg.swiglu_limit or math.huge
@@ -149,6 +163,7 @@ local function moe_block(ck, cfg, P)
   if cfg.n_shared_experts > 0 then
     check(C.tide_moe_set_shared(m, ws(P .. "ffn.shared_experts.")), 3)
   end
+  if policy and policy ~= 0 then check(C.tide_moe_set_policy(m, policy), 3) end
   return m
 end
 
@@ -239,7 +254,7 @@ function M.block_weights(net, ck, P, L, r, hash)
   else
     l.gate_bias = vec(ck, P .. "ffn.gate.bias")
   end
-  l.moe = moe_block(ck, cfg, P)
+  l.moe = moe_block(ck, cfg, P, net.experts_policy)
   return l
 end
 
@@ -247,6 +262,7 @@ function M.new(ck, opts)
   opts = opts or {}
   local cfg = ck.config
   local net = setmetatable({ ck = ck, cfg = cfg, opts = opts }, Net)
+  net.experts_policy, net.experts = M.experts_policy(opts)
   net.d, net.hc, net.H = cfg.hidden_size, cfg.hc_mult, cfg.num_attention_heads
   net.n_layers = cfg.num_hidden_layers
   net.vocab = cfg.vocab_size
