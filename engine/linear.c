@@ -126,6 +126,8 @@ void tide_linear_free(tide_linear *l) {
   tide_tensor_release(&l->w);
   tide_tensor_release(&l->scale);
   tide_xfree(l->nan8);
+  tide_xfree(l->q8w);
+  tide_xfree(l->q8s);
   tide_xfree(l);
 }
 
@@ -144,6 +146,50 @@ int tide_linear_set_policy(tide_linear *l, int policy) {
   if (policy != TIDE_LINEAR_INVARIANT && policy != TIDE_LINEAR_FAST && policy != TIDE_LINEAR_Q8)
     return TIDE_ERR(TIDE_E_INVALID, "bad policy %d (TIDE_LINEAR_INVARIANT = 0, TIDE_LINEAR_FAST = 1, TIDE_LINEAR_Q8 = 2)",
                     policy);
+  if (policy == TIDE_LINEAR_Q8 && l->fmt != TIDE_W_MXFP4 && l->k % 32 == 0 && !l->q8w) {
+    /* round the weight to int8 once (per 32-column block, the rule x gets) */
+    int64_t N = l->n, K = l->k, np = (K / 32 + 1) / 2;
+    int8_t *qw = tide_xmalloc((size_t)(N * np * 64));
+    float *qs = tide_xmalloc((size_t)(N * np) * sizeof(float));
+    if (!qw || !qs) {
+      tide_xfree(qw);
+      tide_xfree(qs);
+      return TIDE_E_NOMEM;
+    }
+    l->q8w = qw;
+    l->q8s = qs;
+    int failed = 0;
+#ifdef _OPENMP
+#pragma omp parallel if (N * K > (1 << 18))
+#endif
+    {
+      float *buf = tide_xmalloc((size_t)K * sizeof(float));
+      if (!buf) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+        failed = 1;
+      }
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+      for (int64_t n = 0; n < N; n += 64)
+        if (buf) tide_q8_quantize_weight_rows(l, n, N - n < 64 ? N - n : 64, buf);
+      tide_xfree(buf);
+    }
+    if (failed) {
+      tide_xfree(l->q8w);
+      tide_xfree(l->q8s);
+      l->q8w = NULL;
+      l->q8s = NULL;
+      return TIDE_E_NOMEM;
+    }
+  } else if (policy != TIDE_LINEAR_Q8 && l->q8w) {
+    tide_xfree(l->q8w);
+    tide_xfree(l->q8s);
+    l->q8w = NULL;
+    l->q8s = NULL;
+  }
   l->policy = policy;
   return TIDE_OK;
 }
@@ -169,13 +215,16 @@ static void run_kernel(int kern, const lin_work *w, int64_t a, int64_t b, int fl
   const float *x = w->x;
   float *y = w->y + a;
   if (w->q8.q) {
+    int iw = w->l->q8w != NULL;
 #if defined(__x86_64__)
     if (kern == KERN_AVX2) {
-      tide_linear_q8_avx2_rows(w->l, w->r0 + a, b - a, &w->q8, y, w->ldy, w->m, flags);
+      if (iw) tide_linear_q8w_avx2_rows(w->l, w->r0 + a, b - a, &w->q8, y, w->ldy, w->m, flags);
+      else tide_linear_q8_avx2_rows(w->l, w->r0 + a, b - a, &w->q8, y, w->ldy, w->m, flags);
       return;
     }
 #endif
-    tide_linear_q8_ref_rows(w->l, w->r0 + a, b - a, &w->q8, y, w->ldy, w->m, flags);
+    if (iw) tide_linear_q8w_ref_rows(w->l, w->r0 + a, b - a, &w->q8, y, w->ldy, w->m, flags);
+    else tide_linear_q8_ref_rows(w->l, w->r0 + a, b - a, &w->q8, y, w->ldy, w->m, flags);
     return;
   }
 #if defined(__x86_64__)
@@ -475,7 +524,7 @@ int tide_linear_forward_grouped(const tide_linear *l, tide_tensor *y, const tide
   }
   for (int64_t g = 0; g < groups; g++)
     ws[g] = (lin_work){l, g * n, n, (const float *)x->data + g * k, ldx, (float *)y->data + g * n, ldy, M, {NULL, NULL, NULL}};
-  int rc = run_works(ws, (int)groups, flags, kern_auto(), 0);
+  int rc = run_works(ws, (int)groups, flags, kern_auto(), 1);
   if (ws != stack_ws) tide_xfree(ws);
   return rc;
 }

@@ -138,14 +138,29 @@ int tide_moe_set_expert(tide_moe *m, int32_t e, const tide_tensor *w1, const tid
   return TIDE_OK;
 }
 
-int tide_moe_set_policy(tide_moe *m, int policy) {
+int tide_moe_set_policy(tide_moe *m, int routed, int shared) {
   if (!m) return TIDE_ERR(TIDE_E_INVALID, "NULL moe");
-  if (policy != TIDE_LINEAR_INVARIANT && policy != TIDE_LINEAR_FAST && policy != TIDE_LINEAR_Q8)
-    return TIDE_ERR(TIDE_E_INVALID, "bad policy %d (TIDE_LINEAR_INVARIANT = 0, TIDE_LINEAR_FAST = 1, TIDE_LINEAR_Q8 = 2)",
-                    policy);
-  m->policy = policy;
+  int ps[2] = {routed, shared};
+  for (int i = 0; i < 2; i++)
+    if (ps[i] != TIDE_LINEAR_INVARIANT && ps[i] != TIDE_LINEAR_FAST && ps[i] != TIDE_LINEAR_Q8)
+      return TIDE_ERR(TIDE_E_INVALID,
+                      "bad %s policy %d (TIDE_LINEAR_INVARIANT = 0, TIDE_LINEAR_FAST = 1, TIDE_LINEAR_Q8 = 2)",
+                      i ? "shared" : "routed", ps[i]);
+  /* the shared expert first: its Q8 copy may fail to allocate, and then
+   * nothing has changed */
+  int old[3];
+  for (int j = 0; j < 3; j++) old[j] = m->sw[j] ? tide_linear_get_policy(m->sw[j]) : 0;
+  for (int j = 0; j < 3; j++) {
+    if (!m->sw[j]) continue;
+    int rc = tide_linear_set_policy(m->sw[j], shared);
+    if (rc < 0) {
+      for (int i = 0; i < j; i++) tide_linear_set_policy(m->sw[i], old[i]);
+      return rc;
+    }
+  }
+  m->policy = routed;
   for (int64_t j = 0; j < 3 * (int64_t)m->E; j++)
-    if (m->w[j]) tide_linear_set_policy(m->w[j], policy);
+    if (m->w[j]) tide_linear_set_policy(m->w[j], routed);
   return TIDE_OK;
 }
 

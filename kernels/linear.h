@@ -19,6 +19,9 @@ struct tide_linear {
   int64_t n, k;
   int64_t wbytes;       /* weight + scale bytes */
   tide_wview view;      /* raw pointers for the decoders */
+  int8_t *q8w;          /* Q8 policy on a non-MXFP4 weight: the weight rounded to int8 per 32 columns, rows of
+                         * 64 * ceil(K / 64) bytes in the pair order of linear_q8.h (NULL otherwise) */
+  float *q8s;           /* its factor per row and 64-column pair [N, ceil(K / 64)] */
   uint8_t *nan8;        /* FP8: per 128 x 128 block (the scale's shape), 0 = not scanned yet, 1 = no NaN code,
                          * 2 = a NaN code; the AVX2 kernel fills it on first use (relaxed atomics) */
 };

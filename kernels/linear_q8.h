@@ -55,10 +55,21 @@ static inline tide_q8_rows tide_q8_layout(void *base, int64_t m, int64_t K) {
   return r;
 }
 
-/* The policy applies to this handle (MXFP4, K a multiple of 32). */
+/* The policy applies to this handle: MXFP4 (K a multiple of 32), or any
+ * other format whose weight was rounded to int8 when the policy was set
+ * (q8w; same rule for the weight as for x: per 32-column block
+ * d = amax / 127, q = nearest-even(w * 127 / amax)). */
 static inline int tide_linear_q8_applies(const struct tide_linear *l) {
-  return l->policy == TIDE_LINEAR_Q8 && l->fmt == TIDE_W_MXFP4 && l->k % 32 == 0 && l->k > 0;
+  return l->policy == TIDE_LINEAR_Q8 && l->k % 32 == 0 && l->k > 0 && (l->fmt == TIDE_W_MXFP4 || l->q8w);
 }
+
+/* Round rows [r0, r0 + nr) of l's weight into l->q8w / l->q8s (single
+ * threaded; the caller splits rows). buf: K floats of scratch. */
+void tide_q8_quantize_weight_rows(struct tide_linear *l, int64_t r0, int64_t nr, float *buf);
+/* int8-weight rows: the same contract as the MXFP4 ones below, the weight
+ * from l->q8w / l->q8s. */
+void tide_linear_q8w_ref_rows(const struct tide_linear *l, int64_t r0, int64_t nr, const tide_q8_rows *x, float *y,
+                              int64_t ldy, int64_t m, int flags);
 
 /* Quantise m rows of K floats (row stride ldx) into out (tide_q8_layout of
  * the same m, K): scalar reference and the AVX2 version (bitwise the same). */
@@ -71,6 +82,11 @@ void tide_linear_q8_ref_rows(const struct tide_linear *l, int64_t r0, int64_t nr
 void tide_q8_quantize_avx2(const float *x, int64_t ldx, int64_t m, int64_t K, const tide_q8_rows *out);
 void tide_linear_q8_avx2_rows(const struct tide_linear *l, int64_t r0, int64_t nr, const tide_q8_rows *x, float *y,
                               int64_t ldy, int64_t m, int flags);
+void tide_linear_q8w_avx2_rows(const struct tide_linear *l, int64_t r0, int64_t nr, const tide_q8_rows *x, float *y,
+                               int64_t ldy, int64_t m, int flags);
+/* n (32 or 64) floats: nearest-even q by column and the factor (the AVX2
+ * form of the reference's rule, bitwise the same) */
+float tide_q8_span_avx2(const float *xb, int n, int8_t *qc);
 #endif
 
 /* the quantisers' common tail: store block b's q (by column) and factor d

@@ -22,47 +22,52 @@ static inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(a);
 }
 
-void tide_q8_quantize_avx2(const float *x, int64_t ldx, int64_t m, int64_t K, const tide_q8_rows *out) {
-  int64_t nb = K / 32, np = (nb + 1) / 2;
+/* 32 values: nearest-even of x * id into qc, int8 in column order */
+static inline void q8_round32(const float *xb, __m256 vid, int8_t *qc) {
+  __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb), vid)),
+          i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 8), vid)),
+          i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 16), vid)),
+          i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 24), vid));
+  /* the packs work per 128-bit lane; the dword permutation puts the
+   * 4-column groups back in order */
+  __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+  p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256((__m256i *)qc, p);
+}
+
+float tide_q8_span_avx2(const float *xb, int n, int8_t *qc) {
   const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   const __m256 big = _mm256_set1_ps(FLT_MAX);
+  __m256 mx = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+  for (int c = 0; c < n; c += 8) {
+    __m256 a = _mm256_and_ps(_mm256_loadu_ps(xb + c), absmask);
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, big, _CMP_NLE_UQ)); /* Inf/NaN: above FLT_MAX or unordered */
+    mx = _mm256_max_ps(mx, a);
+  }
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_movehdup_ps(h));
+  float amax = _mm_cvtss_f32(h);
+  float id = amax > 0 ? 127.0f / amax : 0.0f;
+  int isbad = _mm256_movemask_ps(bad) != 0;
+  if (isbad || !(id <= FLT_MAX)) {
+    for (int c = 0; c < n; c += 32) _mm256_storeu_si256((__m256i *)(qc + c), _mm256_setzero_si256());
+    return isbad ? NAN : 0.0f;
+  }
+  __m256 vid = _mm256_set1_ps(id);
+  for (int c = 0; c < n; c += 32) q8_round32(xb + c, vid, qc + c);
+  return amax / 127.0f;
+}
+
+void tide_q8_quantize_avx2(const float *x, int64_t ldx, int64_t m, int64_t K, const tide_q8_rows *out) {
+  int64_t nb = K / 32, np = (nb + 1) / 2;
   for (int64_t i = 0; i < m; i++) {
     int8_t *qrow = (int8_t *)out->q + i * np * 64;
     int32_t *crow = (int32_t *)out->c + i * np * 8;
     float *drow = (float *)out->d + i * np * 8;
     for (int64_t b = 0; b < nb; b++) {
-      const float *xb = x + i * ldx + b * 32;
-      __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8), v2 = _mm256_loadu_ps(xb + 16),
-             v3 = _mm256_loadu_ps(xb + 24);
-      __m256 a0 = _mm256_and_ps(v0, absmask), a1 = _mm256_and_ps(v1, absmask), a2 = _mm256_and_ps(v2, absmask),
-             a3 = _mm256_and_ps(v3, absmask);
-      /* Inf/NaN anywhere: a > FLT_MAX or unordered */
-      __m256 bad = _mm256_or_ps(_mm256_or_ps(_mm256_cmp_ps(a0, big, _CMP_NLE_UQ), _mm256_cmp_ps(a1, big, _CMP_NLE_UQ)),
-                                _mm256_or_ps(_mm256_cmp_ps(a2, big, _CMP_NLE_UQ), _mm256_cmp_ps(a3, big, _CMP_NLE_UQ)));
-      __m256 mx = _mm256_max_ps(_mm256_max_ps(a0, a1), _mm256_max_ps(a2, a3));
-      __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-      h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-      h = _mm_max_ss(h, _mm_movehdup_ps(h));
-      float amax = _mm_cvtss_f32(h);
-      float id = amax > 0 ? 127.0f / amax : 0.0f;
-      int isbad = _mm256_movemask_ps(bad) != 0;
-      int8_t qc[32] __attribute__((aligned(32)));
-      float d;
-      if (isbad || !(id <= FLT_MAX)) {
-        d = isbad ? NAN : 0.0f;
-        _mm256_store_si256((__m256i *)qc, _mm256_setzero_si256());
-      } else {
-        d = amax / 127.0f;
-        __m256 vid = _mm256_set1_ps(id);
-        /* nearest-even under the default MXCSR, like nearbyintf in the reference */
-        __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, vid)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, vid)),
-                i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, vid)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, vid));
-        /* int32 -> int8 in column order: the packs work per 128-bit lane,
-         * the dword permutation puts the 4-column groups back in order */
-        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
-        p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_store_si256((__m256i *)qc, p);
-      }
+      int8_t qc[32];
+      float d = tide_q8_span_avx2(x + i * ldx + b * 32, 32, qc);
       tide_q8_store_block(qc, d, b, qrow, crow, drow);
     }
     tide_q8_pad_row(nb, qrow, crow, drow);
@@ -162,6 +167,90 @@ void tide_linear_q8_avx2_rows(const struct tide_linear *l, int64_t r0, int64_t n
     for (int64_t i = 0; i < m; i += 4) {
       tide_q8_rows xi = {x->q + i * np * 64, x->c + i * np * 8, x->d + i * np * 8};
       q8_pass(m - i < 4 ? m - i : 4, l, r0 + n0, nn, &xi, y + i * ldy + n0, ldy, flags);
+    }
+  }
+}
+
+/* ---- int8 weights (l->q8w) ---- */
+
+static inline __attribute__((always_inline)) void q8w_pair(const int MR, const int RR, const int8_t *W,
+                                                           const float *S, int64_t rq, int64_t np, int64_t p,
+                                                           const tide_q8_rows *x, __m256 acc[4][4]) {
+  const __m256i ones = _mm256_set1_epi16(1);
+#pragma GCC unroll 4
+  for (int r = 0; r < RR; r++) {
+    const int8_t *wp = W + r * rq + p * 64;
+    __m256i wlo = _mm256_loadu_si256((const __m256i *)wp), whi = _mm256_loadu_si256((const __m256i *)(wp + 32));
+    __m256i alo = _mm256_sign_epi8(wlo, wlo), ahi = _mm256_sign_epi8(whi, whi);
+    __m256 dw = _mm256_broadcast_ss(S + r * np + p);
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; i++) {
+      const int8_t *xq = x->q + (i * np + p) * 64;
+      /* |w| * (x with w's sign): at most 2 * 127 * 127 per 16-bit pair, no saturation */
+      __m256i plo = _mm256_madd_epi16(
+          _mm256_maddubs_epi16(alo, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)xq), wlo)), ones);
+      __m256i phi = _mm256_madd_epi16(
+          _mm256_maddubs_epi16(ahi, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(xq + 32)), whi)), ones);
+      __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(plo, phi)),
+                               _mm256_loadu_ps(x->d + (i * np + p) * 8));
+      acc[i][r] = _mm256_fmadd_ps(t, dw, acc[i][r]);
+    }
+  }
+}
+
+static inline __attribute__((always_inline)) void q8w_group(const int MR, const int RR, const struct tide_linear *l,
+                                                            int64_t n, const tide_q8_rows *x, float *y, int64_t ldy,
+                                                            int flags) {
+  const int64_t K = l->k, np = (K / 32 + 1) / 2, rq = np * 64;
+  const int8_t *W = l->q8w + n * rq;
+  const float *S = l->q8s + n * np;
+  __m256 acc[4][4];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; i++)
+#pragma GCC unroll 4
+    for (int r = 0; r < RR; r++) acc[i][r] = _mm256_setzero_ps();
+  for (int64_t p = 0; p < np; p++) {
+#pragma GCC unroll 4
+    for (int r = 0; r < RR; r++) _mm_prefetch((const char *)(W + (RR + r) * rq + p * 64), _MM_HINT_T0);
+    q8w_pair(MR, RR, W, S, rq, np, p, x, acc);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; i++)
+#pragma GCC unroll 4
+    for (int r = 0; r < RR; r++) tide_linear_store(&y[i * ldy + r], hsum8(acc[i][r]), flags);
+}
+
+static void q8w_pass(int64_t mr, const struct tide_linear *l, int64_t n, int64_t nr, const tide_q8_rows *x, float *y,
+                     int64_t ldy, int flags) {
+  int64_t j = 0;
+  switch (mr) {
+    case 1:
+      for (; j + 4 <= nr; j += 4) q8w_group(1, 4, l, n + j, x, y + j, ldy, flags);
+      for (; j < nr; j++) q8w_group(1, 1, l, n + j, x, y + j, ldy, flags);
+      break;
+    case 2:
+      for (; j + 4 <= nr; j += 4) q8w_group(2, 4, l, n + j, x, y + j, ldy, flags);
+      for (; j < nr; j++) q8w_group(2, 1, l, n + j, x, y + j, ldy, flags);
+      break;
+    case 3:
+      for (; j + 3 <= nr; j += 3) q8w_group(3, 3, l, n + j, x, y + j, ldy, flags);
+      for (; j < nr; j++) q8w_group(3, 1, l, n + j, x, y + j, ldy, flags);
+      break;
+    default:
+      for (; j + 2 <= nr; j += 2) q8w_group(4, 2, l, n + j, x, y + j, ldy, flags);
+      for (; j < nr; j++) q8w_group(4, 1, l, n + j, x, y + j, ldy, flags);
+      break;
+  }
+}
+
+void tide_linear_q8w_avx2_rows(const struct tide_linear *l, int64_t r0, int64_t nr, const tide_q8_rows *x, float *y,
+                               int64_t ldy, int64_t m, int flags) {
+  const int64_t K = l->k, np = (K / 32 + 1) / 2;
+  for (int64_t n0 = 0; n0 < nr; n0 += 64) {
+    int64_t nn = nr - n0 < 64 ? nr - n0 : 64;
+    for (int64_t i = 0; i < m; i += 4) {
+      tide_q8_rows xi = {x->q + i * np * 64, x->c + i * np * 8, x->d + i * np * 8};
+      q8w_pass(m - i < 4 ? m - i : 4, l, r0 + n0, nn, &xi, y + i * ldy + n0, ldy, flags);
     }
   }
 }

@@ -249,22 +249,22 @@ static void jobs_and_scope(void) {
   TT_OK(tide_linear_forward_ex(a.l, &yi, &x, 0));
   TT_CHECK(memcmp(ye.data, yi.data, 3 * 200 * 4) == 0, "explicit AVX2 backend took the Q8 path");
   TT_CHECK(memcmp(ye.data, ya.data, 3 * 200 * 4) != 0, "the Q8 path gave the exact bits (not taken?)");
-  /* an FP8 handle with the Q8 policy: exactly the invariant result */
-  int64_t ws[2] = {130, 256}, ss[2] = {2, 2};
+  /* an FP8 handle whose K is not a multiple of 32: the policy leaves it exact */
+  int64_t ws[2] = {130, 200}, ss[2] = {2, 2};
   tide_tensor w8 = {0}, s8 = {0};
   TT_OK(tide_tensor_new(&w8, TIDE_F8E4M3, 2, ws));
   TT_OK(tide_tensor_new(&s8, TIDE_E8M0, 2, ss));
-  for (int64_t i = 0; i < 130 * 256; i++) ((uint8_t *)w8.data)[i] = (uint8_t)(rnd() & 0x77);
+  for (int64_t i = 0; i < 130 * 200; i++) ((uint8_t *)w8.data)[i] = (uint8_t)(rnd() & 0x77);
   for (int i = 0; i < 4; i++) ((uint8_t *)s8.data)[i] = 120;
   tide_linear *l8;
   TT_OK(tide_linear_new(&l8, &w8, &s8));
   tide_tensor x8, y8a, y8b;
-  x_make(&x8, 2, 256, 4);
+  x_make(&x8, 2, 200, 4);
   y_make(&y8a, 2, 130), y_make(&y8b, 2, 130);
   TT_OK(tide_linear_forward_ex(l8, &y8a, &x8, 0));
   TT_OK(tide_linear_set_policy(l8, TIDE_LINEAR_Q8));
   TT_OK(tide_linear_forward_ex(l8, &y8b, &x8, 0));
-  TT_CHECK(memcmp(y8a.data, y8b.data, 2 * 130 * 4) == 0, "Q8 policy changed an FP8 handle");
+  TT_CHECK(memcmp(y8a.data, y8b.data, 2 * 130 * 4) == 0, "Q8 policy changed an FP8 handle with K %% 32 != 0");
   TT_CHECK(tide_linear_set_policy(l8, 7) == TIDE_E_INVALID, "bad policy accepted");
   tide_clear_error();
   tide_linear_free(l8);
@@ -288,9 +288,11 @@ static void moe_policy(void) {
     mx_make(&w[e][2], I, d, 118, 8);
     TT_OK(tide_moe_set_expert(m, e, &w[e][0].w, &w[e][0].s, &w[e][1].w, &w[e][1].s, &w[e][2].w, &w[e][2].s));
   }
-  TT_CHECK(tide_moe_set_policy(m, 9) == TIDE_E_INVALID, "bad moe policy accepted");
+  TT_CHECK(tide_moe_set_policy(m, 9, 0) == TIDE_E_INVALID, "bad moe policy accepted");
   tide_clear_error();
-  TT_CHECK(tide_moe_set_policy(NULL, 0) == TIDE_E_INVALID, "NULL moe accepted");
+  TT_CHECK(tide_moe_set_policy(m, 0, 5) == TIDE_E_INVALID, "bad shared policy accepted");
+  tide_clear_error();
+  TT_CHECK(tide_moe_set_policy(NULL, 0, 0) == TIDE_E_INVALID, "NULL moe accepted");
   tide_clear_error();
   tide_tensor x, ids, wts, y0, y1, y2;
   x_make(&x, T, d, 2);
@@ -301,9 +303,9 @@ static void moe_policy(void) {
   for (int i = 0; i < T * k; i++) ((int32_t *)ids.data)[i] = (i * 3 + 1) % E, ((float *)wts.data)[i] = 0.5f;
   y_make(&y0, T, d), y_make(&y1, T, d), y_make(&y2, T, d);
   TT_OK(tide_moe_forward(m, &y0, &x, &ids, &wts, 0));
-  TT_OK(tide_moe_set_policy(m, TIDE_LINEAR_Q8));
+  TT_OK(tide_moe_set_policy(m, TIDE_LINEAR_Q8, TIDE_LINEAR_INVARIANT));
   TT_OK(tide_moe_forward(m, &y1, &x, &ids, &wts, 0));
-  TT_OK(tide_moe_set_policy(m, TIDE_LINEAR_INVARIANT));
+  TT_OK(tide_moe_set_policy(m, TIDE_LINEAR_INVARIANT, TIDE_LINEAR_INVARIANT));
   TT_OK(tide_moe_forward(m, &y2, &x, &ids, &wts, 0));
   TT_CHECK(memcmp(y0.data, y2.data, (size_t)(T * d) * 4) == 0, "back to invariant: bits differ");
   TT_CHECK(memcmp(y0.data, y1.data, (size_t)(T * d) * 4) != 0, "Q8 did not reach the experts");
@@ -317,4 +319,95 @@ static void moe_policy(void) {
     for (int j = 0; j < 3; j++) weight_free(&w[e][j]);
 }
 
-TT_RUN(TT(quantizer_same_bits), TT(kernel_same_bits), TT(accuracy), TT(invariance), TT(jobs_and_scope), TT(moe_policy))
+/* FP8 / BF16 weights under Q8: rounded to int8 once; the AVX2 rows equal
+ * the scalar model bitwise (every M 1..13, odd block counts, NaN weights);
+ * close to the exact product; back to INVARIANT gives the exact bits */
+static void int8_weights(void) {
+  static const int64_t shapes[][2] = {{1, 128}, {67, 384}, {130, 1024}, {9, 160}};
+  for (int si = 0; si < 4; si++) {
+    int64_t N = shapes[si][0], K = shapes[si][1];
+    for (int bf = 0; bf < 2; bf++) {
+      tide_tensor w = {0}, s = {0};
+      int64_t shp[2] = {N, K}, ss[2] = {(N + 127) / 128, (K + 127) / 128};
+      if (bf) {
+        tide_tensor f = {0};
+        TT_OK(tide_tensor_new(&f, TIDE_F32, 2, shp));
+        TT_OK(tide_tensor_rand(&f, 5 + si, TIDE_RAND_NORMAL, 0.0, 0.05));
+        TT_OK(tide_tensor_clone(&w, &f, TIDE_BF16));
+        tide_tensor_release(&f);
+      } else {
+        TT_OK(tide_tensor_new(&w, TIDE_F8E4M3, 2, shp));
+        TT_OK(tide_tensor_new(&s, TIDE_E8M0, 2, ss));
+        uint8_t *p = w.data;
+        for (int64_t i = 0; i < N * K; i++) {
+          p[i] = (uint8_t)rnd();
+          if ((p[i] & 0x7f) == 0x7f) p[i] ^= 0x10;
+        }
+        if (N > 5) p[3 * K + 40] = 0x7f; /* a NaN weight: its block, and so row 3, give NaN */
+        for (int64_t i = 0; i < ss[0] * ss[1]; i++) ((uint8_t *)s.data)[i] = (uint8_t)(118 + rnd() % 6);
+      }
+      tide_linear *l;
+      TT_OK(tide_linear_new(&l, &w, bf ? NULL : &s));
+      tide_tensor x, ye, yq;
+      int64_t M = 3;
+      x_make(&x, M, K, 21);
+      y_make(&ye, M, N), y_make(&yq, M, N);
+      TT_OK(tide_linear_forward_ex(l, &ye, &x, 0));
+      TT_OK(tide_linear_set_policy(l, TIDE_LINEAR_Q8));
+      TT_OK(tide_linear_forward_ex(l, &yq, &x, 0));
+      int nanrow = !bf && N > 5;
+      if (nanrow) {
+        TT_CHECK(isnan(((float *)yq.data)[3]) && isnan(((float *)ye.data)[3]), "NaN weight row not NaN");
+        for (int64_t i = 0; i < M; i++) ((float *)yq.data)[i * N + 3] = ((float *)ye.data)[i * N + 3] = 0;
+      }
+      tide_compare c;
+      TT_OK(tide_tensor_compare(&yq, &ye, 0, 0, &c));
+      TT_CHECK(c.nmse > 0 && c.nmse < 1e-3, "%s N=%lld K=%lld: q8 nmse %g", bf ? "bf16" : "fp8", (long long)N,
+               (long long)K, c.nmse);
+      for (int64_t Mm = 1; Mm <= 13; Mm++) {
+        int64_t ldx = K + 1, ldy = N + 3;
+        float *xv = malloc((size_t)(Mm * ldx) * 4);
+        for (int64_t i = 0; i < Mm * ldx; i++)
+          xv[i] = tide_bf16_to_f32(tide_f32_to_bf16((float)((int)(rnd() % 4001) - 2000) / 300.0f));
+        if (Mm == 6) awkward_x(xv + ldx, K);
+        void *blk = malloc(tide_q8_bytes(Mm, K));
+        tide_q8_rows r = tide_q8_layout(blk, Mm, K);
+        tide_q8_quantize_avx2(xv, ldx, Mm, K, &r);
+        float *y1 = calloc((size_t)(Mm * ldy), 4), *y2 = calloc((size_t)(Mm * ldy), 4);
+        for (int flags = 0; flags < 4; flags += 3) {
+          for (int64_t i = 0; i < Mm * ldy; i++) y1[i] = y2[i] = (float)(i % 11) - 5.0f;
+          tide_linear_q8w_ref_rows(l, 0, N, &r, y1, ldy, Mm, flags);
+          tide_linear_q8w_avx2_rows(l, 0, N, &r, y2, ldy, Mm, flags);
+          TT_CHECK(same_or_nan(y1, y2, Mm * ldy), "%s N=%lld K=%lld M=%lld flags=%d: AVX2 differs from the model",
+                   bf ? "bf16" : "fp8", (long long)N, (long long)K, (long long)Mm, flags);
+        }
+        free(xv), free(blk), free(y1), free(y2);
+      }
+      /* the weight rounding itself under the scalar kernels: the same bytes */
+      size_t wb = (size_t)(N * ((K / 32 + 1) / 2) * 64), sb = (size_t)(N * ((K / 32 + 1) / 2)) * 4;
+      int8_t *w1 = malloc(wb);
+      float *s1 = malloc(sb);
+      memcpy(w1, l->q8w, wb), memcpy(s1, l->q8s, sb);
+      TT_OK(tide_linear_set_policy(l, TIDE_LINEAR_INVARIANT));
+      TT_CHECK(l->q8w == NULL && l->q8s == NULL, "the int8 copy stays after the policy went back");
+      int old = tide_kernels_force_ref(1);
+      TT_OK(tide_linear_set_policy(l, TIDE_LINEAR_Q8));
+      tide_kernels_force_ref(old);
+      TT_CHECK(memcmp(w1, l->q8w, wb) == 0 && same_or_nan(s1, l->q8s, (int64_t)(sb / 4)),
+               "the weight rounding differs between the AVX2 and the scalar kernels");
+      free(w1), free(s1);
+      TT_OK(tide_linear_set_policy(l, TIDE_LINEAR_INVARIANT));
+      tide_tensor y2 = {0};
+      y_make(&y2, M, N);
+      TT_OK(tide_linear_forward_ex(l, &y2, &x, 0));
+      if (nanrow)
+        for (int64_t i = 0; i < M; i++) ((float *)y2.data)[i * N + 3] = 0;
+      TT_CHECK(memcmp(y2.data, ye.data, (size_t)(M * N) * 4) == 0, "back to INVARIANT: bits differ");
+      tide_linear_free(l);
+      tide_tensor_release(&w), tide_tensor_release(&s), tide_tensor_release(&x), tide_tensor_release(&ye),
+          tide_tensor_release(&yq), tide_tensor_release(&y2);
+    }
+  }
+}
+
+TT_RUN(TT(quantizer_same_bits), TT(int8_weights), TT(kernel_same_bits), TT(accuracy), TT(invariance), TT(jobs_and_scope), TT(moe_policy))

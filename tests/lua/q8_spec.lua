@@ -1,8 +1,8 @@
--- The opt-in int8-activation experts (tide.model(dir, { experts = "q8" }) or
--- TIDE_EXPERTS=q8; kernels/linear_q8.h, docs/linear.md): bad values are
--- refused, the accuracy cost on the trained model stays small (KL against
--- the exact path with `tide perplexity --kld-base`), and the batch and
--- thread invariances hold in that mode too.
+-- The opt-in int8 paths (tide.model(dir, { experts = "q8", dense = "q8" }) or
+-- TIDE_EXPERTS=q8 / TIDE_DENSE=q8; kernels/linear_q8.h, docs/linear.md): bad
+-- values are refused, the accuracy cost on the trained model stays small
+-- (KL against the exact path with `tide perplexity --kld-base`), and the
+-- batch and thread invariances hold in those modes too.
 local tide = require("tide")
 local ffi = require("ffi")
 local cjson = require("cjson")
@@ -22,11 +22,14 @@ end
 
 local function bits(t) return ffi.string(t.data, t:nbytes()) end
 
-describe("experts = q8", function()
+describe("experts = q8, dense = q8", function()
   it("refuses an unknown mode, naming the choices", function()
     local ok, err = pcall(tide.model, DIR, { experts = "int4", tokenizer = false })
     assert.is_false(ok)
     assert.matches("expected exact or q8", tostring(err))
+    ok, err = pcall(tide.model, DIR, { dense = "fp4", tokenizer = false })
+    assert.is_false(ok)
+    assert.matches("dense = 'fp4'", tostring(err))
   end)
 
   it("costs little accuracy on the trained model (KL against the exact path)", function()
@@ -35,21 +38,24 @@ describe("experts = q8", function()
     os.remove(base)
     local cmd = EXE .. " perplexity --model " .. DIR .. " --file " .. FIX .. "heldout_slice.txt --ctx 256"
       .. " --batch 2 --quiet --json --threads 1 --kld-base " .. base
-    local ok, out = sh("TIDE_EXPERTS=exact " .. cmd)
+    local ok, out = sh("TIDE_EXPERTS=exact TIDE_DENSE=exact " .. cmd)
     assert(ok, out)
-    local ok2, out2 = sh("TIDE_EXPERTS=q8 " .. cmd)
-    assert(ok2, out2)
-    local r = cjson.decode(out2:match("{.*}"))
+    for _, env in ipairs({ "TIDE_EXPERTS=q8", "TIDE_DENSE=q8", "TIDE_EXPERTS=q8 TIDE_DENSE=q8" }) do
+      local ok2, out2 = sh(env .. " " .. cmd)
+      assert(ok2, out2)
+      local r = cjson.decode(out2:match("{.*}"))
+      -- the path ran (the logits moved) and moved little
+      assert.is_true(r.kl > 0, env .. " gave the exact logits: the path did not run")
+      assert.is_true(r.kl < 1e-3, env .. ": KL " .. r.kl .. " nats/token")
+      assert.is_true(r.top1 >= 0.99, env .. ": top-1 agreement " .. r.top1)
+      assert.is_true(math.abs(r.ppl / r.base_ppl - 1) < 0.01, env .. ": perplexity " .. r.ppl .. " vs " .. r.base_ppl)
+    end
     os.remove(base)
-    -- the path ran (the logits moved) and moved little
-    assert.is_true(r.kl > 0, "q8 gave the exact logits: the path did not run")
-    assert.is_true(r.kl < 1e-3, "KL " .. r.kl .. " nats/token")
-    assert.is_true(r.top1 >= 0.99, "top-1 agreement " .. r.top1)
-    assert.is_true(math.abs(r.ppl / r.base_ppl - 1) < 0.01, "perplexity " .. r.ppl .. " vs " .. r.base_ppl)
   end)
 
   it("keeps batch and thread invariance", function()
-    local m = assert(tide.model(DIR, { experts = "q8", max_tokens = 64, cache = { context = 128, max_seqs = 4 } }))
+    local m = assert(tide.model(DIR, { experts = "q8", dense = "q8", max_tokens = 64,
+      cache = { context = 128, max_seqs = 4 } }))
     local a = { 5, 77, 300, 12, 9, 1000, 42 }
     local b = { 8, 16, 3000, 7 }
     local old = tide.threads()
@@ -70,7 +76,8 @@ describe("experts = q8", function()
     s2:free()
     s3:free()
     -- and the exact model gives other bits (the mode reached the experts)
-    local e = assert(tide.model(DIR, { experts = "exact", max_tokens = 64, cache = { context = 128, max_seqs = 4 } }))
+    local e = assert(tide.model(DIR, { experts = "exact", dense = "exact", max_tokens = 64,
+      cache = { context = 128, max_seqs = 4 } }))
     local s4 = assert(e:sequence())
     assert.are_not.equal(alone, bits(assert(e:step({ { seq = s4, tokens = a } }))[1]))
     s4:free()

@@ -76,13 +76,15 @@ enum {
 /* Policy of a handle. INVARIANT (the default): AUTO uses the invariant
  * kernels above. FAST: AUTO may use oneDNN f32 (on dequantised panels) for
  * large M where it measures faster; results then depend on M and on the
- * thread count. Q8 (opt-in, MXFP4 weights with K a multiple of 32; other
- * handles run as INVARIANT): every row of x is quantised to int8 per block
- * of 32 columns and multiplied with the e2m1 codes in integers, about twice
- * the speed of the exact path on AVX2 at other numbers (the int8 rounding
- * of x, measured in docs/linear.md); still invariant to the batch, the row
- * range and the thread count. The explicit backends (REF, AVX2, DNNL) and
- * the grouped form ignore it. */
+ * thread count. Q8 (opt-in, K a multiple of 32; other handles run as
+ * INVARIANT): every row of x is rounded to int8 per block of 32 columns and
+ * multiplied in integers with the e2m1 codes (MXFP4) or with an int8 copy
+ * of the weight made when the policy is set (other formats: per 32-column
+ * block, the same rule; N * K bytes + N * K / 8 of scales, freed when the
+ * policy changes back). About 3x the exact kernels' speed on AVX2, other
+ * numbers (docs/linear.md has the cost); still invariant to the batch, the
+ * row range and the thread count. The explicit backends (REF, AVX2, DNNL)
+ * ignore it. Setting Q8 may fail with TIDE_E_NOMEM. */
 enum {
   TIDE_LINEAR_INVARIANT = 0,
   TIDE_LINEAR_FAST = 1,
@@ -103,8 +105,9 @@ int tide_linear_forward_ex(const tide_linear *l, tide_tensor *y, const tide_tens
  * y[:, g*n:(g+1)*n] = x[:, g*k:(g+1)*k] . W[g*n:(g+1)*n, :]^T for g < G.
  * n need not be a multiple of 128 for FP8 (scale blocks may straddle
  * groups). Bitwise equal to G separate handles on the row slices. x and y
- * rows contiguous; groups > 0 must divide N. Always the invariant kernels
- * (or the scalar reference under TIDE_REF), whatever the policy. */
+ * rows contiguous; groups > 0 must divide N. The invariant kernels (or the
+ * scalar reference under TIDE_REF), or the Q8 path under that policy;
+ * never oneDNN. */
 int tide_linear_forward_grouped(const tide_linear *l, tide_tensor *y, const tide_tensor *x, int64_t groups, int flags);
 
 /* One independent product of tide_linear_forward_many: y[m, :] =

@@ -146,10 +146,12 @@ void tide_moe_free(tide_moe *m);   /* NULL-safe */
  * unchanged. */
 int tide_moe_set_expert(tide_moe *m, int32_t e, const tide_tensor *w1, const tide_tensor *s1, const tide_tensor *w2,
                         const tide_tensor *s2, const tide_tensor *w3, const tide_tensor *s3);
-/* Linear policy (TIDE_LINEAR_INVARIANT, _FAST, _Q8; linear.h) of every
- * routed expert, those set later included; the shared expert keeps the
- * invariant one. Not thread-safe against a forward on m. */
-int tide_moe_set_policy(tide_moe *m, int policy);
+/* Linear policies (TIDE_LINEAR_INVARIANT, _FAST, _Q8; linear.h): `routed`
+ * for every routed expert (those set later included), `shared` for the
+ * shared expert as set now. Q8 on a non-MXFP4 weight makes an int8 copy and
+ * may fail with TIDE_E_NOMEM (nothing changed then). Not thread-safe against
+ * a forward on m. */
+int tide_moe_set_policy(tide_moe *m, int routed, int shared);
 /* Set the shared expert (weight 1, not scaled): w1, w3 [sinter, dim],
  * w2 [dim, sinter]; sinter is read from w1 (n_shared * inter). */
 int tide_moe_set_shared(tide_moe *m, const tide_tensor *w1, const tide_tensor *s1, const tide_tensor *w2,

@@ -126,21 +126,29 @@ local function rope_for(cfg, compressed)
   return ffi.gc(box[0], C.tide_rope_free)
 end
 
--- The routed experts' linear policy: opts.experts "exact" (the default, the
--- invariant kernels) or "q8" (int8 activations for MXFP4 experts: opt-in,
--- about 3x the kernel speed on AVX2, accuracy in docs/linear.md); when
--- opts.experts is nil, TIDE_EXPERTS in the environment decides.
-local EXPERT_POLICIES = { exact = 0, q8 = 2 }
-function M.experts_policy(opts)
-  local v = opts and opts.experts
-  if v == nil then v = os.getenv("TIDE_EXPERTS") end
+-- Opt-in int8 paths (docs/linear.md "int8 activations"), each "exact" (the
+-- default: the invariant kernels) or "q8":
+--   opts.experts  the routed experts (MXFP4): x rounded to int8 per 32
+--                 columns, integer products with the e2m1 codes;
+--   opts.dense    the attention projections (wq_a, wkv, wq_b, wo_a, wo_b)
+--                 and the shared expert: an int8 copy of each weight made at
+--                 load (per 64 columns), int8 x int8 products.
+-- The router gate, the compressors, the indexer and the head stay exact.
+-- When an option is nil, TIDE_EXPERTS / TIDE_DENSE in the environment
+-- decide.
+local Q8_POLICIES = { exact = 0, q8 = 2 }
+local function q8_policy(opts, key, env)
+  local v = opts and opts[key]
+  if v == nil then v = os.getenv(env) end
   if v == nil or v == "" then v = "exact" end
-  local p = EXPERT_POLICIES[v]
-  if not p then error("tide.model: experts = '" .. tostring(v) .. "' (expected exact or q8)", 0) end
+  local p = Q8_POLICIES[v]
+  if not p then error("tide.model: " .. key .. " = '" .. tostring(v) .. "' (expected exact or q8)", 0) end
   return p, v
 end
+function M.experts_policy(opts) return q8_policy(opts, "experts", "TIDE_EXPERTS") end
+function M.dense_policy(opts) return q8_policy(opts, "dense", "TIDE_DENSE") end
 
-local function moe_block(ck, cfg, P, policy)
+local function moe_block(ck, cfg, P, policy, spolicy)
   local box = ffi.new("tide_moe*[1]")
   -- swiglu_limit <= 0 means no clamp (DeepSeek's reference); the block takes INFINITY for that
   local lim = cfg.swiglu_limit > 0 and cfg.swiglu_limit or math.huge
@@ -163,7 +171,7 @@ local function moe_block(ck, cfg, P, policy)
   if cfg.n_shared_experts > 0 then
     check(C.tide_moe_set_shared(m, ws(P .. "ffn.shared_experts.")), 3)
   end
-  if policy and policy ~= 0 then check(C.tide_moe_set_policy(m, policy), 3) end
+  if (policy or 0) ~= 0 or (spolicy or 0) ~= 0 then check(C.tide_moe_set_policy(m, policy or 0, spolicy or 0), 3) end
   return m
 end
 
@@ -254,7 +262,12 @@ function M.block_weights(net, ck, P, L, r, hash)
   else
     l.gate_bias = vec(ck, P .. "ffn.gate.bias")
   end
-  l.moe = moe_block(ck, cfg, P, net.experts_policy)
+  l.moe = moe_block(ck, cfg, P, net.experts_policy, net.dense_policy)
+  if net.dense_policy ~= 0 then
+    for _, k in ipairs({ "wq_a", "wkv", "wq_b", "wo_a", "wo_b" }) do
+      check(C.tide_linear_set_policy(l[k], net.dense_policy), 3)
+    end
+  end
   return l
 end
 
@@ -263,6 +276,7 @@ function M.new(ck, opts)
   local cfg = ck.config
   local net = setmetatable({ ck = ck, cfg = cfg, opts = opts }, Net)
   net.experts_policy, net.experts = M.experts_policy(opts)
+  net.dense_policy, net.dense = M.dense_policy(opts)
   net.d, net.hc, net.H = cfg.hidden_size, cfg.hc_mult, cfg.num_attention_heads
   net.n_layers = cfg.num_hidden_layers
   net.vocab = cfg.vocab_size
