@@ -126,7 +126,9 @@ local function rope_for(cfg, compressed)
   return ffi.gc(box[0], C.tide_rope_free)
 end
 
-local function moe_block(ck, cfg, P)
+-- own (expert parallelism, tide.mpi): nil for every expert and the shared
+-- one, else a set { [e] = true, shared = bool } of what this process holds.
+local function moe_block(ck, cfg, P, own)
   local box = ffi.new("tide_moe*[1]")
   -- swiglu_limit <= 0 means no clamp (DeepSeek's reference); the block takes INFINITY for that
   local lim = cfg.swiglu_limit > 0 and cfg.swiglu_limit or math.huge
@@ -144,13 +146,14 @@ local function moe_block(ck, cfg, P)
     return w1, s1, w2, s2, w3, s3
   end
   for e = 0, cfg.n_routed_experts - 1 do
-    check(C.tide_moe_set_expert(m, e, ws(P .. "ffn.experts." .. e .. ".")), 3)
+    if not own or own[e] then check(C.tide_moe_set_expert(m, e, ws(P .. "ffn.experts." .. e .. ".")), 3) end
   end
-  if cfg.n_shared_experts > 0 then
+  if cfg.n_shared_experts > 0 and (not own or own.shared) then
     check(C.tide_moe_set_shared(m, ws(P .. "ffn.shared_experts.")), 3)
   end
   return m
 end
+M.moe_block = moe_block
 
 -- Buffers for up to T tokens per step (f32 unless said).
 local function buffers(cfg, T)
@@ -239,7 +242,9 @@ function M.block_weights(net, ck, P, L, r, hash)
   else
     l.gate_bias = vec(ck, P .. "ffn.gate.bias")
   end
-  l.moe = moe_block(ck, cfg, P)
+  local o = net.opts
+  l.moe = moe_block(ck, cfg, P, o.experts and o.experts(P))
+  if o.on_moe then o.on_moe(P, l.moe) end
   return l
 end
 
@@ -383,7 +388,8 @@ function Net:moe(l, st)
     P:fire("moe_routes", l.index, v.rids, v.rw, "weights")
     P:fire("moe_weights", l.index, v.rw, v.rids, "experts")
   end
-  check(C.tide_moe_forward(l.moe, v.a, v.x, v.rids, v.rw, ROUND_OPS))
+  -- opts.moe_exec: the same contract over several processes (tide.mpi)
+  check((self.opts.moe_exec or C.tide_moe_forward)(l.moe, v.a, v.x, v.rids, v.rw, ROUND_OPS))
 end
 
 -- One block (attention then MoE, each between hc_pre and hc_post) on the
