@@ -13,7 +13,7 @@
 -- Nothing here is loaded unless tide runs under mpirun with more than one
 -- rank (tide.cli calls M.boot first).
 local tffi = require("tide.ffi")
-local ffi, C, check = tffi.ffi, tffi.C, tffi.check
+local ffi, C = tffi.ffi, tffi.C
 
 local M = {}
 
@@ -190,10 +190,10 @@ local function routed_bytes(ck, blocks, nb, own_of)
             for _, suf in ipairs({ ".weight", ".scale" }) do
               if ck:has(w .. suf) then
                 local t = ck:tensor(w .. suf)
-                local nb = ck:info(w .. suf).nbytes
-                n, bytes = n + 1, bytes + nb
+                local tb = ck:info(w .. suf).nbytes
+                n, bytes = n + 1, bytes + tb
                 if lib then
-                  local rb = tonumber(lib.tide_mpi_resident_bytes(t.data, nb))
+                  local rb = tonumber(lib.tide_mpi_resident_bytes(t.data, tb))
                   resident = rb >= 0 and resident + rb or resident
                 end
               end

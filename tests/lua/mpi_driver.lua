@@ -30,7 +30,8 @@ if mode == "logits" then
   -- two sequences in one step: a prefill chunk and a decode token
   local a, b = m:sequence(), m:sequence()
   m:prefill(a, tokens(20, V, 3))
-  local o = m:step{ { seq = a, tokens = { 5 }, logits = "last" }, { seq = b, tokens = tokens(11, V, 9), logits = "all" } }
+  local o = m:step{ { seq = a, tokens = { 5 }, logits = "last" },
+    { seq = b, tokens = tokens(11, V, 9), logits = "all" } }
   put(f, o[1]); put(f, o[2])
   f:close()
   local mpi = rawget(_G, "_TIDE_MPI")

@@ -121,9 +121,11 @@ describe("tide over MPI", function()
       local o, rc = run(mpirun(2, q(DRIVER) .. " logits " .. q(DIR) .. " " .. q(TMP .. "/never"),
         "TIDE_PLACEMENT=" .. q(path)))
       assert.is_not.equals(0, rc)
-      assert.is_truthy(o:find("tide: tide.model: placement " .. path .. ": ", 1, true), o)
-      assert.is_truthy(o:find("tide: MPI rank 1: placement " .. path .. ": ", 1, true), o)
-      assert.is_truthy(o:match(expect[name]), o)
+      -- (the ranks' stderr lines may interleave)
+      assert.is_truthy(o:find("tide.model: placement " .. path .. ": ", 1, true), o)
+      assert.is_truthy(o:find("MPI rank 1: placement " .. path .. ": ", 1, true), o)
+      local _, n = o:gsub(expect[name], "")
+      assert.is_true(n >= 2, o)
     end
   end)
 
