@@ -325,6 +325,16 @@ function M.residency(id)
   return out
 end
 
+-- One process: tensors, bytes and resident bytes of every routed expert of
+-- checkpoint ck (the figure the ranks' shares are compared with).
+function M.local_residency(ck)
+  load_lib()
+  local blocks, nb = block_names(ck, ck.config)
+  local all = {}
+  for e = 0, ck.config.n_routed_experts - 1 do all[e] = true end
+  return routed_bytes(ck, blocks, nb, function() return all end)
+end
+
 -- ---------------------------------------------------------------- followers
 local function split(s, sep)
   local out = {}
