@@ -100,8 +100,9 @@ if M then
   local res = M.residency(1)
   for r = 0, N - 1 do
     local p = res[r]
-    print(string.format("  rank %d: routed experts held %.1f MB in %d tensors, resident %.1f MB", r, p.bytes / 1e6,
-      p.tensors, p.resident / 1e6))
+    print(string.format("  rank %d: routed experts held %.1f MB in %d tensors, resident %.1f MB;"
+      .. " the other ranks' experts resident here %.1f MB", r, p.bytes / 1e6, p.tensors, p.resident / 1e6,
+      p.other_resident / 1e6))
   end
 else
   local n, b, res = mpi.local_residency(m.ck)

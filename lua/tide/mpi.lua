@@ -173,6 +173,13 @@ local function block_names(ck, cfg)
   return names, n + (cfg.num_nextn_predict_layers or 0)
 end
 
+-- The routed experts of a block this rank does not hold.
+local function complement(own, E)
+  local c = {}
+  for e = 0, E - 1 do if not own[e] then c[e] = true end end
+  return c
+end
+
 local function routed_names(P, e)
   return { P .. "ffn.experts." .. e .. ".w1", P .. "ffn.experts." .. e .. ".w2", P .. "ffn.experts." .. e .. ".w3" }
 end
@@ -281,7 +288,8 @@ function M.model_opts(ck, opts)
     end
   end
   M._rank0 = M._rank0 or {}
-  M._rank0[id] = { ck = ck, blocks = blocks, nb = nb, own = function(P) return mine[index[P]] end }
+  M._rank0[id] = { ck = ck, blocks = blocks, nb = nb, E = cfg.n_routed_experts,
+    own = function(P) return mine[index[P]] end }
   return o
 end
 
@@ -315,12 +323,14 @@ function M.residency(id)
   if not m then error("tide.mpi.residency: no model " .. tostring(id), 2) end
   local out = {}
   local n, b, res = routed_bytes(m.ck, m.blocks, m.nb, m.own)
-  out[0] = { tensors = n, bytes = b, resident = res }
+  local _, _, other = routed_bytes(m.ck, m.blocks, m.nb, function(P) return complement(m.own(P), m.E) end)
+  out[0] = { tensors = n, bytes = b, resident = res, other_resident = other }
   M.control("report\t" .. id)
   for r = 1, M.size - 1 do
     local f = {}
     for x in (M.reply(r) .. "\t"):gmatch("([^\t]*)\t") do f[#f + 1] = x end
-    out[r] = { tensors = tonumber(f[2]), bytes = tonumber(f[3]), resident = tonumber(f[4]) }
+    out[r] = { tensors = tonumber(f[2]), bytes = tonumber(f[3]), resident = tonumber(f[4]),
+      other_resident = tonumber(f[5]) }
   end
   return out
 end
@@ -366,6 +376,7 @@ local function follow_load(state, text)
     end,
   }
   local moes, arrays, experts = {}, {}, 0
+  local names, owns = {}, {}
   local L = load_lib()
   for b = 0, nb - 1 do
     local f = split(lines[b + 2], "\t")
@@ -380,6 +391,7 @@ local function follow_load(state, text)
       if a[e] == M.rank then own[e], any = true, true; experts = experts + 1 end
     end
     if P ~= "-" then
+      names[b], owns[P] = P, own
       local ok, moe = pcall(dsv4.moe_block, proxy, ck.config, P, own)
       if not ok then return "error\t" .. tostring(moe) end
       local rc = L.tide_mpi_register(moe, id, b, a, E)
@@ -388,7 +400,8 @@ local function follow_load(state, text)
     end
     local _ = any
   end
-  state.models[id] = { ck = ck, moes = moes, arrays = arrays, held = held, count = count }
+  state.models[id] = { ck = ck, moes = moes, arrays = arrays, held = held, count = count, names = names, nb = nb,
+    owns = owns, E = E }
   return string.format("ok\t%d\t%d\t%.6f\t%d", count.n, count.bytes, C.tide_time() - t0, experts)
 end
 
@@ -401,7 +414,8 @@ local function follow_report(state, id)
     local rb = tonumber(L.tide_mpi_resident_bytes(t.data, t:nbytes()))
     if rb > 0 then res = res + rb end
   end
-  return string.format("ok\t%d\t%d\t%d", m.count.n, m.count.bytes, res)
+  local _, _, other = routed_bytes(m.ck, m.names, m.nb, function(P) return complement(m.owns[P], m.E) end)
+  return string.format("ok\t%d\t%d\t%d\t%d", m.count.n, m.count.bytes, res, other)
 end
 
 -- The expert server: answer MoE requests (in C) and control texts (here)
