@@ -234,6 +234,16 @@ int tide_mpi_set_timeout(double seconds) {
 int tide_mpi_finalize(void) {
   if (!G.inited || G.finalized) return TIDE_OK;
   G.finalized = 1;
+  const char *rep = getenv("TIDE_MPI_STATS");
+  if (G.rank == 0 && rep && *rep && strcmp(rep, "0") && G.st.calls > 0) {
+    const tide_mpi_stats *s = &G.st;
+    fprintf(stderr,
+            "tide mpi: %lld MoE layer calls, %lld token rows; (token, slot) rows %lld on rank 0, %lld sent;"
+            " %.0f hidden-row bytes per token per layer; exchange %.3f s: own rows %.3f, shared expert %.3f,"
+            " waiting %.3f, combine %.3f\n",
+            (long long)s->calls, (long long)s->tokens, (long long)s->rows_local, (long long)s->rows_remote,
+            (double)s->bytes_rows / (double)s->tokens, s->t_total, s->t_local, s->t_shared, s->t_wait, s->t_combine);
+  }
   if (G.rank == 0) {
     msg_hdr h = {CMD_STOP, 0, 0, 0, 0, 0};
     for (int r = 1; r < G.size; r++) {
