@@ -67,9 +67,16 @@ describe("tide over MPI", function()
     assert.equals(norm(body), norm(mpi.cdef))
   end)
 
-  it("gives the single-process logits bit for bit at 2 and 4 ranks (prefill, decode, chunked, mixed step)", function()
+  it("gives the single-process logits bit for bit at 2, 3 and 4 ranks (prefill, decode, chunked, mixed step;"
+    .. " contiguous, balanced by measured load, round-robin)", function()
     local ref = single_run("logits")
-    for _, case in ipairs({ { 2, "" }, { 4, "TIDE_PLACEMENT=round_robin" } }) do
+    -- a measured load: the routes of a short text
+    local routes = TMP .. "/routes.json"
+    local o0, rc0 = run(ENV .. " " .. q(EXE) .. " logits --model " .. q(DIR) .. " --tokens 3,14,15,92,65,35,89,79"
+      .. " --out " .. q(TMP .. "/routes.f32") .. " --dump-routes " .. q(routes))
+    assert(rc0 == 0, o0)
+    for _, case in ipairs({ { 2, "" }, { 3, "TIDE_PLACEMENT=balanced TIDE_EXPERT_LOAD=" .. q(routes) },
+      { 4, "TIDE_PLACEMENT=round_robin" } }) do
       local out = TMP .. "/logits." .. case[1]
       local o, rc = run(mpirun(case[1], q(DRIVER) .. " logits " .. q(DIR) .. " " .. q(out), case[2]))
       assert(rc == 0, o)
