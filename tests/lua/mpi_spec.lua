@@ -102,15 +102,18 @@ describe("tide over MPI", function()
     end
   end)
 
-  it("generates the same text with a seed through `tide generate`", function()
+  it("generates the same text through `tide generate`, with a seed and with MTP drafting", function()
     local model = ROOT .. "/models/tide-tiny-en"
-    local args = "generate --model " .. q(model) .. " --prompt 'And the king said' --max-tokens 24 --temp 0.8 --seed 3"
-    local ref, rc = run(ENV .. " " .. q(EXE) .. " " .. args .. " 2>/dev/null")
-    assert(rc == 0, ref)
-    local got, rc2 = run(mpirun(2, args) .. " 2>/dev/null")
-    assert(rc2 == 0, got)
-    assert.equals(ref, got)
-    assert.is_true(#ref > 20)
+    local base = "generate --model " .. q(model) .. " --prompt 'And the king said' --max-tokens 24"
+    for _, extra in ipairs({ " --temp 0.8 --seed 3", " --temp 0 --draft 3" }) do
+      local args = base .. extra
+      local ref, rc = run(ENV .. " " .. q(EXE) .. " " .. args .. " 2>/dev/null")
+      assert(rc == 0, ref)
+      local got, rc2 = run(mpirun(2, args) .. " 2>/dev/null")
+      assert(rc2 == 0, got)
+      assert.equals(ref, got, extra)
+      assert.is_true(#ref > 20)
+    end
   end)
 
   it("refuses a placement that leaves an expert on no rank or names an unknown rank, on every rank", function()
