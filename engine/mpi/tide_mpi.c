@@ -298,6 +298,15 @@ int tide_mpi_unregister(int32_t model) {
   return TIDE_OK;
 }
 
+void tide_mpi_forget(const tide_moe *m) {
+  int j = 0;
+  for (int i = 0; i < G.n_blocks; i++) {
+    if (G.blocks[i].m == m) tide_xfree(G.blocks[i].owner);
+    else G.blocks[j++] = G.blocks[i];
+  }
+  G.n_blocks = j;
+}
+
 static ep_block *find_ptr(const tide_moe *m) {
   for (int i = 0; i < G.n_blocks; i++)
     if (G.blocks[i].m == m) return &G.blocks[i];

@@ -51,6 +51,8 @@ int tide_mpi_set_timeout(double seconds);
 int tide_mpi_register(tide_moe *m, int32_t model, int32_t block, const int32_t *owner, int32_t E);
 /* Drop every block of `model` (rank 0 and followers). */
 int tide_mpi_unregister(int32_t model);
+/* Drop block m (before it is freed: a new block may get its address). */
+void tide_mpi_forget(const tide_moe *m);
 
 /* Rank 0: tide_moe_forward's contract for a registered block, with the
  * routed rows of remote experts computed by their owners. */

@@ -39,6 +39,7 @@ int tide_mpi_finalize(void);
 int tide_mpi_set_timeout(double seconds);
 int tide_mpi_register(tide_moe *m, int32_t model, int32_t block, const int32_t *owner, int32_t E);
 int tide_mpi_unregister(int32_t model);
+void tide_mpi_forget(const tide_moe *m);
 int tide_mpi_moe_forward(tide_moe *m, tide_tensor *out, const tide_tensor *x, const tide_tensor *ids,
                          const tide_tensor *weights, int flags);
 int tide_mpi_control(const char *text, int64_t n);
@@ -217,8 +218,8 @@ local function mb(x) return string.format("%.1f MB", x / 1e6) end
 
 -- tide.model under mpirun: the opts the family's constructor takes for this
 -- rank (rank 0: every tensor but the other ranks' routed experts; each MoE
--- block registered for the exchange). The followers load their experts at
--- the same time; their reports are printed on stderr.
+-- block registered for the exchange). The followers load their experts
+-- first; their reports are printed on stderr.
 function M.model_opts(ck, opts)
   local L = load_lib()
   local cfg = ck.config
@@ -262,11 +263,25 @@ function M.model_opts(ck, opts)
     if not b then error("tide.mpi: MoE block " .. P .. " is not in the placement", 0) end
     return mine[b]
   end
+  -- each block is registered as it is built, and forgotten when it is freed;
+  -- when the model's last block goes, the followers drop their experts
+  local live = 0
   o.on_moe = function(P, moe)
     mcheck(L.tide_mpi_register(moe, id, index[P], arrays[index[P]], cfg.n_routed_experts), 2)
+    live = live + 1
+    ffi.gc(moe, function(p)
+      L.tide_mpi_forget(p)
+      C.tide_moe_free(p)
+      live = live - 1
+      if live == 0 then
+        M._rank0[id] = nil
+        pcall(M.control, "unload\t" .. id)
+      end
+    end)
   end
   o.moe_exec = L.tide_mpi_moe_forward
-  -- the followers' reports (they loaded while rank 0 read its own headers)
+  -- the followers' reports (before rank 0 builds its network, so a failed
+  -- load on a follower leaves nothing half done on rank 0)
   local reports = { [0] = { experts = held[0] } }
   for r = 1, M.size - 1 do
     local rep = M.reply(r)
@@ -435,6 +450,11 @@ function M.follow()
       if not ok then rep = "error\t" .. tostring(rep) end
       if rep:match("^error") then io.stderr:write("tide: MPI rank " .. M.rank .. ": " .. rep:sub(7) .. "\n") end
       mcheck(L.tide_mpi_reply(rep, #rep))
+    elseif kind == "unload" then
+      local id = tonumber(text:match("\t(%d+)"))
+      L.tide_mpi_unregister(id or -1)
+      state.models[id or -1] = nil
+      collectgarbage()
     elseif kind == "report" then
       local ok, rep = pcall(follow_report, state, tonumber(text:match("\t(%d+)")))
       if not ok then rep = "error\t" .. tostring(rep) end

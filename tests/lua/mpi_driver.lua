@@ -33,6 +33,12 @@ if mode == "logits" then
   local o = m:step{ { seq = a, tokens = { 5 }, logits = "last" },
     { seq = b, tokens = tokens(11, V, 9), logits = "all" } }
   put(f, o[1]); put(f, o[2])
+  -- the model collected and loaded again (the followers unload and reload
+  -- its experts; a new block may reuse a freed block's address)
+  a, b, o, m = nil, nil, nil, nil   -- luacheck: ignore 311
+  collectgarbage(); collectgarbage()
+  m = assert(tide.model(dir, { max_tokens = 64, tokenizer = false }))
+  put(f, m:logits(toks, { mode = "chunked:16" }))
   f:close()
   local mpi = rawget(_G, "_TIDE_MPI")
   if mpi then
