@@ -93,7 +93,7 @@ function M.boot()
   if M.world_size() <= 1 then return false end
   local L = load_lib()
   local r, n = ffi.new("int32_t[1]"), ffi.new("int32_t[1]")
-  mcheck(L.tide_mpi_init(r, n))
+  if L.tide_mpi_init(r, n) < 0 then error(tffi.last_error(), 0) end
   M.rank, M.size = r[0], n[0]
   if M.size <= 1 then return false end
   _G._TIDE_MPI = M
@@ -120,7 +120,13 @@ function M.placement(spec, info)
       chunk, err = loadfile(spec)
     else
       local ok, mod = pcall(require, "tide.placement." .. spec)
-      if not ok then return nil, "placement '" .. spec .. "': " .. tostring(mod) end
+      if not ok then
+        if tostring(mod):find("not found", 1, true) then
+          return nil, "no placement '" .. spec .. "': not a file, and not a script in lua/tide/placement/"
+            .. " (contiguous, round_robin, balanced)"
+        end
+        return nil, "placement '" .. spec .. "': " .. tostring(mod)
+      end
       chunk = function() return mod end
     end
     if not chunk then return nil, "placement " .. spec .. ": " .. tostring(err) end
