@@ -90,11 +90,11 @@ describe("tide over MPI", function()
     end
   end)
 
-  it("gives the single-process engine results bit for bit with preemption (2 and 3 ranks)", function()
+  it("gives the single-process engine results bit for bit with preemption (2 and 4 ranks)", function()
     local ref = single_run("engine")
     local pre = tonumber(ref:match("preemptions (%d+)"))
     assert.is_true(pre >= 2, "the run must preempt (" .. tostring(pre) .. ")")
-    for _, n in ipairs({ 2, 3 }) do
+    for _, n in ipairs({ 2, 4 }) do
       local out = TMP .. "/engine." .. n
       local o, rc = run(mpirun(n, q(DRIVER) .. " engine " .. q(DIR) .. " " .. q(out)))
       assert(rc == 0, o)

@@ -3,7 +3,7 @@
 -- experts are dealt out first, each to the rank with the least load so far
 -- that still has room (longest-processing-time first).
 -- The load comes from $TIDE_EXPERT_LOAD: a routes file as
---   tide logits --model DIR --file sample.txt --out /dev/null --dump-routes routes.json
+--   tide logits --model DIR --tokens IDS --out /dev/null --dump-routes routes.json
 -- writes it ({"layers": {"L": [[experts of token 1], ...]}}), on text like
 -- the text the run will see. Blocks without counts (the MTP block) fall back
 -- to contiguous blocks.
