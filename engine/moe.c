@@ -432,3 +432,81 @@ int tide_moe_forward(tide_moe *m, tide_tensor *out, const tide_tensor *x, const 
   st->t_total = t5 - t0;
   return TIDE_OK;
 }
+
+/* ---- the pieces of a step, for expert parallelism (engine/mpi/) ----
+ * tide_moe_forward's products, run on rows another process gathered: the
+ * same kernels on the same rows give the same bits whatever the other rows
+ * (each product and the SwiGLU are per row), so a row computed here equals
+ * the row tide_moe_forward computes for it. */
+int tide_moe_rows(tide_moe *m, float *y, const float *x, const int32_t *ids, int64_t n) {
+  if (!m) return TIDE_ERR(TIDE_E_INVALID, "NULL moe");
+  if (n < 0 || (n > 0 && (!y || !x || !ids))) return TIDE_ERR(TIDE_E_INVALID, "NULL rows or n = %lld < 0", (long long)n);
+  for (int64_t r = 0; r < n; r++) {
+    int32_t e = ids[r];
+    if (e < 0 || e >= m->E) return TIDE_ERR(TIDE_E_RANGE, "row %lld selects expert %d, outside 0..%d", (long long)r, e, m->E - 1);
+    if (!m->w[3 * (int64_t)e])
+      return TIDE_ERR(TIDE_E_STATE, "row %lld selects expert %d, which this block does not hold", (long long)r, e);
+  }
+  if (n == 0) return TIDE_OK;
+  TIDE_CHECK(ensure_scratch(m, n, 0));
+  const tide_ops_kernels *K = tide_ops_kernels_get();
+  int64_t d = m->d, I = m->inter;
+  memset(m->count, 0, (size_t)m->E * sizeof *m->count);
+  for (int64_t r = 0; r < n; r++) m->count[ids[r]]++;
+  m->start[0] = 0;
+  for (int32_t e = 0; e < m->E; e++) m->start[e + 1] = m->start[e] + m->count[e];
+  int64_t *fill = m->start;
+  for (int64_t r = 0; r < n; r++) m->row_of[r] = fill[ids[r]]++;
+  for (int32_t e = m->E; e > 0; e--) m->start[e] = m->start[e - 1];
+  m->start[0] = 0;
+  float *xy = m->xy;
+  const int64_t *row_of = m->row_of;
+  for (int64_t r = 0; r < n; r++) memcpy(xy + row_of[r] * d, x + r * d, (size_t)d * sizeof(float));
+  moe_job *jobs = m->jobs;
+  int nj = 0;
+  for (int32_t e = 0; e < m->E; e++) {
+    if (!m->count[e]) continue;
+    int64_t s = m->start[e];
+    jobs[nj++] = (moe_job){m->w[3 * (int64_t)e], xy + s * d, d, m->g + s * I, I, m->count[e]};
+    jobs[nj++] = (moe_job){m->w[3 * (int64_t)e + 2], xy + s * d, d, m->u + s * I, I, m->count[e]};
+  }
+  TIDE_CHECK(moe_products(jobs, nj, 1));
+  float lim = m->lim;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (n > 1 && n * I > (1 << 15))
+#endif
+  for (int64_t r = 0; r < n; r++) K->swiglu(m->g + r * I, m->g + r * I, m->u + r * I, I, lim, 1);
+  nj = 0;
+  for (int32_t e = 0; e < m->E; e++) {
+    if (!m->count[e]) continue;
+    int64_t s = m->start[e];
+    jobs[nj++] = (moe_job){m->w[3 * (int64_t)e + 1], m->g + s * I, I, xy + s * d, d, m->count[e]};
+  }
+  TIDE_CHECK(moe_products(jobs, nj, 1));
+  for (int64_t r = 0; r < n; r++) memcpy(y + r * d, xy + row_of[r] * d, (size_t)d * sizeof(float));
+  return TIDE_OK;
+}
+
+int tide_moe_shared_rows(tide_moe *m, float *y, const float *x, int64_t ldx, int64_t T) {
+  if (!m) return TIDE_ERR(TIDE_E_INVALID, "NULL moe");
+  if (!m->sw[0]) return TIDE_ERR(TIDE_E_STATE, "this block holds no shared expert");
+  if (T < 0 || (T > 0 && (!y || !x)) || ldx < m->d) return TIDE_ERR(TIDE_E_INVALID, "bad rows (T = %lld, ldx = %lld)", (long long)T, (long long)ldx);
+  if (T == 0) return TIDE_OK;
+  TIDE_CHECK(ensure_scratch(m, 1, T));
+  const tide_ops_kernels *K = tide_ops_kernels_get();
+  int64_t SI = m->sinter;
+  moe_job jobs[2] = {{m->sw[0], x, ldx, m->sg, SI, T}, {m->sw[2], x, ldx, m->su, SI, T}};
+  TIDE_CHECK(moe_products(jobs, 2, 1));
+  float lim = m->lim;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (T > 1 && T * SI > (1 << 15))
+#endif
+  for (int64_t t = 0; t < T; t++) K->swiglu(m->sg + t * SI, m->sg + t * SI, m->su + t * SI, SI, lim, 1);
+  jobs[0] = (moe_job){m->sw[1], m->sg, SI, y, m->d, T};
+  return moe_products(jobs, 1, 1);
+}
+
+void tide_moe_combine_rows(float *out, const float *const *ys, const float *w, int k, const float *shared, int64_t d,
+                           int flags) {
+  tide_ops_kernels_get()->combine(out, ys, w, k, shared, d, (flags & TIDE_OPS_ROUND_BF16) != 0);
+}

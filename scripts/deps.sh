@@ -5,7 +5,7 @@
 set -e
 PKGS="cmake make gcc pkg-config luajit libluajit-5.1-dev libdnnl-dev lua-busted lua-cjson libcjson-dev \
 libedit-dev libpcre2-dev libmicrohttpd-dev ocl-icd-opencl-dev python3-numpy lua-check clang libclang-rt-14-dev nodejs npm \
-chromium"
+chromium openmpi-bin libopenmpi-dev"
 
 missing=""
 for p in $PKGS; do

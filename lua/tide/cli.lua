@@ -158,6 +158,8 @@ end
 
 -- argv[0] is the executable, argv[1..] its arguments (as main() got them).
 function M.main(argv)
+  -- under mpirun (N > 1) the ranks but 0 serve experts instead (tide.mpi)
+  if require("tide.mpi").boot() then return 0 end
   local first = argv[1]
   if first == nil then
     return require("tide.repl").run()

@@ -91,6 +91,8 @@ function M.load(path, opts)
   local ok, e = family.configure(cfg)
   if not ok then return nil, "tide.model: " .. tostring(e) end
   if opts.prefault and ck.prefault then ck:prefault() end
+  -- under mpirun with N > 1: this rank's experts and the exchange (tide.mpi)
+  if rawget(_G, "_TIDE_MPI") then opts = require("tide.mpi").model_opts(ck, opts) end
   local net = family.new(ck, opts)
   local cc, keep = net:cache_config(opts.cache or {})
   local cbox = ffi.new("tide_kvcache*[1]")

@@ -670,6 +670,63 @@ static void test_forward_vs_refmodel(void) {
   tmodel_free(&M);
 }
 
+/* The pieces expert parallelism runs (engine/mpi/): the routed rows in any
+ * grouping (tide_moe_rows, on a block holding only some experts), the shared
+ * expert alone and the per-token combine give tide_moe_forward bit for bit. */
+static void test_moe_split(void) {
+  for (size_t v = 0; v < sizeof VARIANTS / sizeof VARIANTS[0]; v++) {
+    const variant *V = &VARIANTS[v];
+    tmoe t;
+    tmoe_make(&t, V->E, V->d, V->inter, V->sinter, V->k, V->rkind, V->skind, 300 + v);
+    int64_t T = 23, d = V->d, k = V->k, R = T * k;
+    float *x = xalloc((size_t)(T * d) * 4), *out = xalloc((size_t)(T * d) * 4), *got = xalloc((size_t)(T * d) * 4);
+    float *rows = xalloc((size_t)(R * d) * 4), *xr = xalloc((size_t)(R * d) * 4), *sy = xalloc((size_t)(T * d) * 4);
+    int32_t *ids = xalloc((size_t)R * 4), *rid = xalloc((size_t)R * 4);
+    float *w = xalloc((size_t)R * 4);
+    trng r = {77 + v};
+    for (int64_t i = 0; i < T * d; i++) x[i] = bf16v((float)(trng_unif(&r) * 2 - 1));
+    random_route(ids, w, T, (int)k, V->E, 900 + v, 0);
+    TT_OK(moe_run(&t, out, x, ids, w, T));
+    /* a second block holding only the odd experts computes the odd rows,
+     * the full block the even ones, each in reverse (t, i) order */
+    tide_moe *odd = NULL;
+    TT_OK(tide_moe_new(&odd, V->E, d, V->inter, t.lim));
+    for (int32_t e = 1; e < V->E; e += 2) {
+      tweight *q = t.ex + 3 * e;
+      TT_OK(tide_moe_set_expert(odd, e, &q[0].w, &q[0].s, &q[1].w, &q[1].s, &q[2].w, &q[2].s));
+    }
+    for (int par = 0; par < 2; par++) {
+      int64_t n = 0;
+      for (int64_t j = R - 1; j >= 0; j--)
+        if (ids[j] % 2 == par) {
+          memcpy(xr + n * d, x + (j / k) * d, (size_t)d * 4);
+          rid[n++] = ids[j];
+        }
+      TT_OK(tide_moe_rows(par ? odd : t.moe, xr, xr, rid, n));
+      for (int64_t j = R - 1, c = 0; j >= 0; j--)
+        if (ids[j] % 2 == par) memcpy(rows + j * d, xr + (c++) * d, (size_t)d * 4);
+    }
+    if (V->sinter > 0) TT_OK(tide_moe_shared_rows(t.moe, sy, x, d, T));
+    for (int64_t tk = 0; tk < T; tk++) {
+      const float *ys[64];
+      for (int64_t i = 0; i < k; i++) ys[i] = rows + (tk * k + i) * d;
+      tide_moe_combine_rows(got + tk * d, ys, w + tk * k, (int)k, V->sinter > 0 ? sy + tk * d : NULL, d,
+                            TIDE_OPS_ROUND_BF16);
+    }
+    TT_CHECK(!memcmp(got, out, (size_t)(T * d) * 4), "%s: rows + shared + combine differ from tide_moe_forward", V->name);
+    /* a row of an expert the block does not hold, and a bad id */
+    int32_t bad = 0;
+    TT_FAILS(tide_moe_rows(odd, xr, x, &bad, 1), TIDE_E_STATE, "expert 0, which this block does not hold");
+    bad = V->E;
+    TT_FAILS(tide_moe_rows(odd, xr, x, &bad, 1), TIDE_E_RANGE, "outside");
+    if (V->sinter == 0) TT_FAILS(tide_moe_shared_rows(t.moe, sy, x, d, T), TIDE_E_STATE, "no shared expert");
+    TT_OK(tide_moe_rows(odd, xr, x, rid, 0));
+    tide_moe_free(odd);
+    free(x), free(out), free(got), free(rows), free(xr), free(sy), free(ids), free(rid), free(w);
+    tmoe_free(&t);
+  }
+}
+
 static void test_no_leaks(void) {
   tide_alloc_stats st;
   tide_alloc_stats_get(&st);
@@ -677,5 +734,5 @@ static void test_no_leaks(void) {
            (long long)st.live_allocs, (long long)st.live_storages);
 }
 
-TT_RUN(TT(test_moe_vs_scalar), TT(test_moe_invariance), TT(test_moe_no_alloc), TT(test_moe_errors),
+TT_RUN(TT(test_moe_vs_scalar), TT(test_moe_invariance), TT(test_moe_no_alloc), TT(test_moe_errors), TT(test_moe_split),
        TT(test_moe_vs_refmodel), TT(test_forward_vs_refmodel), TT(test_no_leaks))

@@ -1,5 +1,5 @@
--- The opt-in int8 paths (tide.model(dir, { experts = "q8", dense = "q8" }) or
--- TIDE_EXPERTS=q8 / TIDE_DENSE=q8; kernels/linear_q8.h, docs/linear.md): bad
+-- The opt-in int8 paths (tide.model(dir, { q8 = "experts" | "dense" | "all" })
+-- or TIDE_Q8=...; kernels/linear_q8.h, docs/linear.md): bad
 -- values are refused, the accuracy cost on the trained model stays small
 -- (KL against the exact path with `tide perplexity --kld-base`), and the
 -- batch and thread invariances hold in those modes too.
@@ -22,14 +22,11 @@ end
 
 local function bits(t) return ffi.string(t.data, t:nbytes()) end
 
-describe("experts = q8, dense = q8", function()
+describe("q8 = experts | dense | all", function()
   it("refuses an unknown mode, naming the choices", function()
-    local ok, err = pcall(tide.model, DIR, { experts = "int4", tokenizer = false })
+    local ok, err = pcall(tide.model, DIR, { q8 = "int4", tokenizer = false })
     assert.is_false(ok)
-    assert.matches("expected exact or q8", tostring(err))
-    ok, err = pcall(tide.model, DIR, { dense = "fp4", tokenizer = false })
-    assert.is_false(ok)
-    assert.matches("dense = 'fp4'", tostring(err))
+    assert.matches("q8 = 'int4' %(expected off, experts, dense or all%)", tostring(err))
   end)
 
   it("costs little accuracy on the trained model (KL against the exact path)", function()
@@ -38,9 +35,9 @@ describe("experts = q8, dense = q8", function()
     os.remove(base)
     local cmd = EXE .. " perplexity --model " .. DIR .. " --file " .. FIX .. "heldout_slice.txt --ctx 256"
       .. " --batch 2 --quiet --json --threads 1 --kld-base " .. base
-    local ok, out = sh("TIDE_EXPERTS=exact TIDE_DENSE=exact " .. cmd)
+    local ok, out = sh("TIDE_Q8=off " .. cmd)
     assert(ok, out)
-    for _, env in ipairs({ "TIDE_EXPERTS=q8", "TIDE_DENSE=q8", "TIDE_EXPERTS=q8 TIDE_DENSE=q8" }) do
+    for _, env in ipairs({ "TIDE_Q8=experts", "TIDE_Q8=dense", "TIDE_Q8=all" }) do
       local ok2, out2 = sh(env .. " " .. cmd)
       assert(ok2, out2)
       local r = cjson.decode(out2:match("{.*}"))
@@ -54,7 +51,7 @@ describe("experts = q8, dense = q8", function()
   end)
 
   it("keeps batch and thread invariance", function()
-    local m = assert(tide.model(DIR, { experts = "q8", dense = "q8", max_tokens = 64,
+    local m = assert(tide.model(DIR, { q8 = "all", max_tokens = 64,
       cache = { context = 128, max_seqs = 4 } }))
     local a = { 5, 77, 300, 12, 9, 1000, 42 }
     local b = { 8, 16, 3000, 7 }
@@ -76,7 +73,7 @@ describe("experts = q8, dense = q8", function()
     s2:free()
     s3:free()
     -- and the exact model gives other bits (the mode reached the experts)
-    local e = assert(tide.model(DIR, { experts = "exact", dense = "exact", max_tokens = 64,
+    local e = assert(tide.model(DIR, { q8 = "off", max_tokens = 64,
       cache = { context = 128, max_seqs = 4 } }))
     local s4 = assert(e:sequence())
     assert.are_not.equal(alone, bits(assert(e:step({ { seq = s4, tokens = a } }))[1]))

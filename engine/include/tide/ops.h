@@ -193,6 +193,19 @@ int tide_moe_stats_get(const tide_moe *m, tide_moe_stats *out);
 /* Rows per routed expert in the last step: counts[e] for e < min(n, E). */
 int tide_moe_expert_rows(const tide_moe *m, int32_t *counts, int32_t n);
 
+/* The pieces of tide_moe_forward, for expert parallelism (several processes
+ * each holding some of the experts, engine/mpi/):
+ * tide_moe_rows: y[r] = E_{ids[r]}(x[r]) for n rows of dim floats (x, y
+ *   contiguous [n, dim]); every id must be an expert this block holds
+ *   (TIDE_E_STATE otherwise). Bitwise the routed rows tide_moe_forward uses.
+ * tide_moe_shared_rows: y [T, dim] = S(x) for x rows with stride ldx.
+ * tide_moe_combine_rows: one token's slot-order sum (the combine of
+ *   tide_moe_forward): out = sum_i w[i] * ys[i] (+ shared), rounded per flags. */
+int tide_moe_rows(tide_moe *m, float *y, const float *x, const int32_t *ids, int64_t n);
+int tide_moe_shared_rows(tide_moe *m, float *y, const float *x, int64_t ldx, int64_t T);
+void tide_moe_combine_rows(float *out, const float *const *ys, const float *w, int k, const float *shared, int64_t d,
+                           int flags);
+
 /* The block's shape; any out-pointer may be NULL. sinter is 0 while no
  * shared expert is set; n_set counts the routed experts set so far. */
 int tide_moe_info(const tide_moe *m, int32_t *n_experts, int64_t *dim, int64_t *inter, int64_t *sinter,

@@ -126,29 +126,30 @@ local function rope_for(cfg, compressed)
   return ffi.gc(box[0], C.tide_rope_free)
 end
 
--- Opt-in int8 paths (docs/linear.md "int8 activations"), each "exact" (the
--- default: the invariant kernels) or "q8":
---   opts.experts  the routed experts (MXFP4): x rounded to int8 per 32
---                 columns, integer products with the e2m1 codes;
---   opts.dense    the attention projections (wq_a, wkv, wq_b, wo_a, wo_b)
---                 and the shared expert: an int8 copy of each weight made at
---                 load (per 64 columns), int8 x int8 products.
+-- Opt-in int8 paths (docs/linear.md "int8 activations"): opts.q8, or when
+-- it is nil TIDE_Q8 in the environment, is "off" (the default: the exact
+-- invariant kernels), "experts", "dense" or "all":
+--   experts  the routed experts (MXFP4): x rounded to int8 per 32 columns,
+--            integer products with the e2m1 codes;
+--   dense    the attention projections (wq_a, wkv, wq_b, wo_a, wo_b) and the
+--            shared expert: an int8 copy of each weight made at load (per 64
+--            columns), int8 x int8 products.
 -- The router gate, the compressors, the indexer and the head stay exact.
--- When an option is nil, TIDE_EXPERTS / TIDE_DENSE in the environment
--- decide.
-local Q8_POLICIES = { exact = 0, q8 = 2 }
-local function q8_policy(opts, key, env)
-  local v = opts and opts[key]
-  if v == nil then v = os.getenv(env) end
-  if v == nil or v == "" then v = "exact" end
-  local p = Q8_POLICIES[v]
-  if not p then error("tide.model: " .. key .. " = '" .. tostring(v) .. "' (expected exact or q8)", 0) end
-  return p, v
+-- Returns the linear policies of the routed experts and of the dense part.
+local Q8_MODES = { off = { 0, 0 }, experts = { 2, 0 }, dense = { 0, 2 }, all = { 2, 2 } }
+function M.q8_policies(opts)
+  local v = opts and opts.q8
+  if v == nil then v = os.getenv("TIDE_Q8") end
+  if v == nil or v == "" or v == false then v = "off" end
+  local p = Q8_MODES[v]
+  if not p then error("tide.model: q8 = '" .. tostring(v) .. "' (expected off, experts, dense or all)", 0) end
+  return p[1], p[2], v
 end
-function M.experts_policy(opts) return q8_policy(opts, "experts", "TIDE_EXPERTS") end
-function M.dense_policy(opts) return q8_policy(opts, "dense", "TIDE_DENSE") end
 
-local function moe_block(ck, cfg, P, policy, spolicy)
+-- own (expert parallelism, tide.mpi): nil for every expert and the shared
+-- one, else a set { [e] = true, shared = bool } of what this process holds.
+-- policy, spolicy: the linear policies of the routed and the shared experts.
+local function moe_block(ck, cfg, P, own, policy, spolicy)
   local box = ffi.new("tide_moe*[1]")
   -- swiglu_limit <= 0 means no clamp (DeepSeek's reference); the block takes INFINITY for that
   local lim = cfg.swiglu_limit > 0 and cfg.swiglu_limit or math.huge
@@ -166,14 +167,15 @@ local function moe_block(ck, cfg, P, policy, spolicy)
     return w1, s1, w2, s2, w3, s3
   end
   for e = 0, cfg.n_routed_experts - 1 do
-    check(C.tide_moe_set_expert(m, e, ws(P .. "ffn.experts." .. e .. ".")), 3)
+    if not own or own[e] then check(C.tide_moe_set_expert(m, e, ws(P .. "ffn.experts." .. e .. ".")), 3) end
   end
-  if cfg.n_shared_experts > 0 then
+  if cfg.n_shared_experts > 0 and (not own or own.shared) then
     check(C.tide_moe_set_shared(m, ws(P .. "ffn.shared_experts.")), 3)
   end
   if (policy or 0) ~= 0 or (spolicy or 0) ~= 0 then check(C.tide_moe_set_policy(m, policy or 0, spolicy or 0), 3) end
   return m
 end
+M.moe_block = moe_block
 
 -- Buffers for up to T tokens per step (f32 unless said).
 local function buffers(cfg, T)
@@ -262,7 +264,9 @@ function M.block_weights(net, ck, P, L, r, hash)
   else
     l.gate_bias = vec(ck, P .. "ffn.gate.bias")
   end
-  l.moe = moe_block(ck, cfg, P, net.experts_policy, net.dense_policy)
+  local o = net.opts
+  l.moe = moe_block(ck, cfg, P, o.experts and o.experts(P), net.experts_policy, net.dense_policy)
+  if o.on_moe then o.on_moe(P, l.moe) end
   if net.dense_policy ~= 0 then
     for _, k in ipairs({ "wq_a", "wkv", "wq_b", "wo_a", "wo_b" }) do
       check(C.tide_linear_set_policy(l[k], net.dense_policy), 3)
@@ -275,8 +279,7 @@ function M.new(ck, opts)
   opts = opts or {}
   local cfg = ck.config
   local net = setmetatable({ ck = ck, cfg = cfg, opts = opts }, Net)
-  net.experts_policy, net.experts = M.experts_policy(opts)
-  net.dense_policy, net.dense = M.dense_policy(opts)
+  net.experts_policy, net.dense_policy, net.q8 = M.q8_policies(opts)
   net.d, net.hc, net.H = cfg.hidden_size, cfg.hc_mult, cfg.num_attention_heads
   net.n_layers = cfg.num_hidden_layers
   net.vocab = cfg.vocab_size
@@ -413,7 +416,8 @@ function Net:moe(l, st)
     P:fire("moe_routes", l.index, v.rids, v.rw, "weights")
     P:fire("moe_weights", l.index, v.rw, v.rids, "experts")
   end
-  check(C.tide_moe_forward(l.moe, v.a, v.x, v.rids, v.rw, ROUND_OPS))
+  -- opts.moe_exec: the same contract over several processes (tide.mpi)
+  check((self.opts.moe_exec or C.tide_moe_forward)(l.moe, v.a, v.x, v.rids, v.rw, ROUND_OPS))
 end
 
 -- One block (attention then MoE, each between hc_pre and hc_post) on the
