@@ -139,7 +139,14 @@ int tide_linear_info(const tide_linear *l, int64_t *n, int64_t *k, int *fmt) {
   return TIDE_OK;
 }
 
-int64_t tide_linear_weight_bytes(const tide_linear *l) { return l ? l->wbytes : 0; }
+int64_t tide_linear_weight_bytes(const tide_linear *l) {
+  if (!l) return 0;
+  if (l->policy == TIDE_LINEAR_Q8 && l->q8w) { /* a forward reads the int8 copy instead */
+    int64_t np = (l->k / 32 + 1) / 2;
+    return l->n * np * (64 + (int64_t)sizeof(float));
+  }
+  return l->wbytes;
+}
 
 int tide_linear_set_policy(tide_linear *l, int policy) {
   if (!l) return TIDE_ERR(TIDE_E_INVALID, "NULL linear");

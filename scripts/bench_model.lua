@@ -210,9 +210,9 @@ local t_load = tide.time() - t0
 local ckbytes = m.ck:summary().bytes
 
 print(string.format("bench_model: %s, %d layers (ratios %s), d %d, %d experts (k %d), vocab %d, %.2f GB; "
-  .. "%d threads; load %.2f s", opts.model, cfg.num_hidden_layers, table.concat(cfg.compress_ratios, ","),
+  .. "%d threads; load %.2f s; q8 %s", opts.model, cfg.num_hidden_layers, table.concat(cfg.compress_ratios, ","),
   cfg.hidden_size, cfg.n_routed_experts,
-  cfg.num_experts_per_tok, cfg.vocab_size, ckbytes / 1e9, tide.threads(), t_load))
+  cfg.num_experts_per_tok, cfg.vocab_size, ckbytes / 1e9, tide.threads(), t_load, m.net.q8 or "off"))
 
 local bw = C.tide_bench_read_bw(512 * 1024 * 1024, 5, tide.threads())
 print(string.format("read bandwidth (%d threads, measured now): %.1f GB/s", tide.threads(), bw))

@@ -44,7 +44,8 @@ int tide_linear_new(tide_linear **out, const tide_tensor *w, const tide_tensor *
 void tide_linear_free(tide_linear *l);                        /* NULL-safe */
 /* N (outputs), K (inputs) and the format (tide_wfmt). Any out-pointer may be NULL. */
 int tide_linear_info(const tide_linear *l, int64_t *n, int64_t *k, int *fmt);
-/* Bytes of weight (and scale) data one full pass reads. */
+/* Bytes of weight (and scale) data one full pass reads (under the Q8
+ * policy with an int8 copy: the copy's bytes). */
 int64_t tide_linear_weight_bytes(const tide_linear *l);
 /* The instruction set the invariant AUTO kernels use here: "avx512" (the
  * AVX-512 VBMI + GFNI variants of the M <= 8 FP8 and MXFP4 kernels, AVX2
