@@ -44,6 +44,7 @@ local M = {
     .. "Endpoints: POST /v1/chat/completions, /v1/completions (stream: true for SSE), GET /v1/models, /health,\n"
     .. "/metrics (Prometheus), POST /tokenize, /detokenize. docs/server.md has the details.\n" .. args.help(spec),
 }
+M.spec = spec   -- (tests/fuzz/fuzz_server.lua parses the defaults as the command does)
 
 local function exists(p)
   local f = io.open(p, "rb")
