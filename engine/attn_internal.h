@@ -15,7 +15,8 @@ enum {
   KV_TOK = 584,        /* + 8 scale bytes */
   KV_ID = 128,         /* indexer head dim */
   KV_IDX = 132,        /* indexer entry bytes: 128 fp8 + f32 scale */
-  KV_MAXTHREADS = 64
+  KV_MAXTHREADS = 64,
+  KV_TRUNC_REL = 8     /* SWA blocks a commit's roll-back record keeps */
 };
 
 struct tide_rope {
@@ -49,6 +50,13 @@ typedef struct kv_seq {
   float *state;                      /* all compressor rings of this slot */
   float *backup;                     /* same size, rows saved at prepare */
   int backed;                        /* backup holds this step's rows */
+  /* roll-back record of the last committed step (tide_kvcache_seq_truncate) */
+  int64_t t_p0;                      /* length before it; -1: none */
+  int64_t t_epoch;                   /* cache epoch at its commit */
+  int t_backed;                      /* backup holds the carried rows of t_p0 */
+  int t_nrel;                        /* SWA blocks its commit released; -1: too many */
+  int64_t t_rel_bi[KV_TRUNC_REL];
+  int32_t t_rel_id[KV_TRUNC_REL];
 } kv_seq;
 
 /* one undo record of prepare: table entry (kind 0 SWA, 1 page) changed */
@@ -78,6 +86,7 @@ struct tide_kvcache {
   float *scratch[KV_MAXTHREADS];
   int64_t scratch_cap[KV_MAXTHREADS];
   float *shared; int64_t shared_cap; /* one buffer for all threads (indexer scores) */
+  int64_t epoch;                     /* bumped by anything that writes blocks or takes them from the pool */
 };
 
 struct tide_batch {

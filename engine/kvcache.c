@@ -279,6 +279,7 @@ static int seq_init(tide_kvcache *c, int32_t *id) {
     s->live = 1;
     s->len = 0;
     s->backed = 0;
+    s->t_p0 = -1;
     for (int64_t k = 0; k < s->swa_cap; k++) s->swa[k] = -1;
     for (int64_t k = 0; k < s->pg_cap; k++) s->pg[k] = -1;
     *id = i;
@@ -398,6 +399,7 @@ int tide_kvcache_seq_assign(tide_kvcache *c, int32_t dst, int32_t src) {
   TIDE_CHECK(grow_tab(&d->pg, &d->pg_cap, s->pg_cap));
   /* blocks shared by dst and src keep a reference through src */
   seq_release(c, d);
+  d->t_p0 = -1;
   return seq_copy(c, d, s);
 }
 
@@ -416,6 +418,7 @@ int tide_kvcache_seq_set_length(tide_kvcache *c, int32_t id, int64_t len) {
                        (long long)len, (long long)(b1 - b0 + 1), c->n_swa_free, (long long)np, c->n_pg_free);
   TIDE_CHECK(grow_tab(&s->swa, &s->swa_cap, b1 + 1));
   TIDE_CHECK(grow_tab(&s->pg, &s->pg_cap, np));
+  c->epoch++;
   for (int64_t b = b0; b <= b1; b++) {
     s->swa[b] = pool_pop(c->swa_free, &c->n_swa_free, c->swa_ref);
     for (int i = 0; i < c->cfg.n_layers; i++) {
@@ -432,6 +435,94 @@ int tide_kvcache_seq_set_length(tide_kvcache *c, int32_t id, int64_t len) {
     }
   }
   if (c->state_floats) memset(s->state, 0, (size_t)c->state_floats * 4);
+  s->len = len;
+  return TIDE_OK;
+}
+
+/* ---- roll-back ---- */
+/* Take back block id released by the last commit: still referenced by a
+ * fork (data untouched: no step since) or still in the free list. */
+static void retake_swa(tide_kvcache *c, int32_t id) {
+  if (c->swa_ref[id]++ > 0) return;
+  for (int32_t i = c->n_swa_free - 1; i >= 0; i--)
+    if (c->swa_free[i] == id) {
+      memmove(c->swa_free + i, c->swa_free + i + 1, (size_t)(c->n_swa_free - 1 - i) * sizeof(int32_t));
+      c->n_swa_free--;
+      return;
+    }
+}
+
+int tide_kvcache_seq_truncate(tide_kvcache *c, int32_t id, int64_t len) {
+  kv_seq *s = get_seq(c, id, __func__);
+  if (!s) return tide_last_status();
+  if (c->step) return TIDE_ERR(TIDE_E_STATE, "a step is prepared");
+  if (len < 0 || len > s->len)
+    return TIDE_ERR(TIDE_E_RANGE, "sequence %d: length %lld outside 0..%lld", id, (long long)len, (long long)s->len);
+  if (len == s->len) return TIDE_OK;
+  int64_t p0 = s->t_p0, p1 = s->len;
+  if (p0 < 0 || s->t_epoch != c->epoch)
+    return TIDE_ERR(TIDE_E_STATE, "sequence %d: no roll-back record (a step, import or write ran on the cache "
+                    "since its last step)", id);
+  if (len < p0)
+    return TIDE_ERR(TIDE_E_STATE, "sequence %d: length %lld is before its last step (positions %lld..%lld)", id,
+                    (long long)len, (long long)p0, (long long)p1 - 1);
+  /* the carried compressor rows of len: those before p0 are intact or in the
+   * backup; the step's own rows are in the ring when it wrote them (its last
+   * R positions) */
+  for (int i = 0; i < c->cfg.n_layers; i++) {
+    int r = c->ratios[i];
+    for (int part = 0; part < (r == 4 ? 2 : r > 1 ? 1 : 0); part++) {
+      int rr = part ? 4 : r;
+      int64_t lo = kv_keep_start(rr, len);
+      if (lo < p0) lo = p0;
+      if (lo < len && lo < p1 - kv_ring_rows(rr))
+        return TIDE_ERR(TIDE_E_STATE, "sequence %d: the step of %lld tokens overwrote compressor rows of layer %d "
+                        "that length %lld needs", id, (long long)(p1 - p0), i, (long long)len);
+    }
+  }
+  /* SWA blocks: those the window of len needs that the commit released must be in the record */
+  int64_t B = c->cfg.swa_block, pt = c->cfg.page_tokens;
+  int64_t need0 = len > 0 ? swa_first_held(c, len) / B : 0, held0 = swa_first_held(c, p1) / B;
+  int64_t keep_b = len > 0 ? (len - 1) / B : -1;
+  for (int64_t bi = need0; bi < held0 && bi <= keep_b; bi++) {
+    int found = 0;
+    for (int k = 0; k < s->t_nrel; k++) found |= s->t_rel_bi[k] == bi;
+    if (!found)
+      return TIDE_ERR(TIDE_E_STATE, "sequence %d: SWA block %lld released by its last step is not recorded", id,
+                      (long long)bi);
+  }
+  /* perform: nothing below fails */
+  for (int k = 0; k < s->t_nrel; k++) {
+    int64_t bi = s->t_rel_bi[k];
+    if (bi < need0 || bi >= held0 || bi > keep_b) continue;
+    retake_swa(c, s->t_rel_id[k]);
+    s->swa[bi] = s->t_rel_id[k];
+    s->t_rel_id[k] = -1;
+    s->t_rel_bi[k] = -1;
+  }
+  for (int64_t bi = keep_b + 1; bi < s->swa_cap; bi++) {
+    pool_decref(c->swa_free, &c->n_swa_free, c->swa_ref, s->swa[bi]);
+    s->swa[bi] = -1;
+  }
+  if (c->n_comp) {
+    int64_t keep_p = len > 0 ? (len - 1) / pt : -1;
+    for (int64_t pi = keep_p + 1; pi < s->pg_cap; pi++) {
+      pool_decref(c->pg_free, &c->n_pg_free, c->pg_ref, s->pg[pi]);
+      s->pg[pi] = -1;
+    }
+  }
+  if (s->t_backed)
+    for (int i = 0; i < c->cfg.n_layers; i++) {
+      const kv_layer *ly = &c->layers[i];
+      for (int part = 0; part < (ly->ratio == 4 ? 2 : ly->ratio > 1 ? 1 : 0); part++) {
+        int rr = part ? 4 : ly->ratio;
+        int64_t R = kv_ring_rows(rr), w = part ? KV_ISTATE_W : kv_state_width(rr);
+        int64_t o = part ? c->iring_off[ly->icomp] : c->ring_off[ly->comp];
+        int64_t q0 = kv_keep_start(rr, len);
+        for (int64_t q = q0; q < p0; q++)
+          memcpy(s->state + o + (q % R) * w, s->backup + o + (q % R) * w, (size_t)w * 4);
+      }
+    }
   s->len = len;
   return TIDE_OK;
 }
@@ -564,6 +655,7 @@ int tide_kvcache_seq_write(tide_kvcache *c, int32_t id, int32_t layer, int32_t k
   if (c->step) return TIDE_ERR(TIDE_E_STATE, "a step is prepared");
   kv_seq *s = &c->seqs[id];
   const kv_layer *ly = &c->layers[layer];
+  c->epoch++;
   /* copy-on-write first, all or nothing */
   int need = 0;
   if (kind == TIDE_KV_SWA) {
@@ -790,6 +882,7 @@ int tide_kvcache_prepare(tide_kvcache *c, tide_batch *b) {
   }
   /* now perform: nothing below fails */
   c->n_undo = 0;
+  c->epoch++;
   for (int r = 0; r < b->n_runs; r++) {
     int32_t id = b->run_seq[r];
     kv_seq *s = &c->seqs[id];
@@ -860,12 +953,23 @@ int tide_kvcache_commit(tide_kvcache *c, tide_batch *b) {
   int64_t B = c->cfg.swa_block;
   for (int r = 0; r < b->n_runs; r++) {
     kv_seq *s = &c->seqs[b->run_seq[r]];
+    s->t_p0 = s->len;
+    s->t_epoch = c->epoch;
+    s->t_backed = s->backed;
+    s->t_nrel = 0;
     s->len += b->run_n[r];
     s->backed = 0;
     if (!c->cfg.keep_swa_history) {
       int64_t first = swa_first_held(c, s->len) / B;
       for (int64_t bi = 0; bi < first && bi < s->swa_cap; bi++)
         if (s->swa[bi] >= 0) {
+          /* kept in the roll-back record: no step can reuse it before a truncate */
+          if (s->t_nrel >= 0 && s->t_nrel < KV_TRUNC_REL) {
+            s->t_rel_bi[s->t_nrel] = bi;
+            s->t_rel_id[s->t_nrel++] = s->swa[bi];
+          } else {
+            s->t_nrel = -1;
+          }
           pool_decref(c->swa_free, &c->n_swa_free, c->swa_ref, s->swa[bi]);
           s->swa[bi] = -1;
         }

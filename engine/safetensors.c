@@ -3,12 +3,15 @@
  * N bytes of UTF-8 JSON, then the data section; docs/checkpoint.md lists
  * what is checked and why. */
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ckpt_internal.h"
@@ -641,6 +644,43 @@ static int hash_insert(int64_t *tab, int64_t cap, const wt *t, int64_t idx) {
     }
 }
 
+/* Temporary files of earlier writers of `path` that were killed before their
+ * rename (PATH.tmp-PID, PID a process that no longer exists) are removed
+ * before a new write of the same path. Only regular files untouched for
+ * TIDE_STALE_TMP_SECONDS: a writer in another PID namespace (a container
+ * sharing the directory) looks dead from here but keeps its file's mtime
+ * fresh while it writes. Best effort: what cannot be checked is left. */
+#define TIDE_STALE_TMP_SECONDS 60
+static void remove_stale_tmps(const char *path) {
+  const char *slash = strrchr(path, '/');
+  const char *base = slash ? slash + 1 : path;
+  size_t bl = strlen(base);
+  char dir[4096];
+  if (!slash) snprintf(dir, sizeof dir, ".");
+  else if (slash == path) snprintf(dir, sizeof dir, "/");
+  else if ((size_t)(slash - path) < sizeof dir) snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+  else return;
+  DIR *d = opendir(dir);
+  if (!d) return;
+  time_t now = time(NULL);
+  long self = (long)getpid();
+  for (struct dirent *e; (e = readdir(d));) {
+    const char *n = e->d_name;
+    if (strncmp(n, base, bl) || strncmp(n + bl, ".tmp-", 5)) continue;
+    const char *digits = n + bl + 5;
+    size_t nd = strspn(digits, "0123456789");
+    if (nd == 0 || nd > 9 || digits[nd]) continue;
+    long pid = strtol(digits, NULL, 10);
+    if (pid <= 0 || pid == self) continue;
+    if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;   /* alive, or not ours to judge */
+    struct stat st;
+    if (fstatat(dirfd(d), n, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (now - st.st_mtime < TIDE_STALE_TMP_SECONDS) continue;
+    unlinkat(dirfd(d), n, 0);
+  }
+  closedir(d);
+}
+
 int tide_st_writer_new(tide_st_writer **out, const char *path) {
   if (!out || !path || !*path) return TIDE_ERR(TIDE_E_INVALID, "NULL or empty argument");
   *out = NULL;
@@ -655,6 +695,7 @@ int tide_st_writer_new(tide_st_writer **out, const char *path) {
     return TIDE_E_NOMEM;
   }
   snprintf(w->tmp, l + 32, "%s.tmp-%ld", path, (long)getpid());
+  remove_stale_tmps(path);
   w->fd = open(w->tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (w->fd < 0) {
     int e = errno;

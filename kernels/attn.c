@@ -247,9 +247,11 @@ static int compress_common(const char *fn, tide_kvcache *c, int32_t layer, const
       float out[KV_D];
       comp_entry(&A, K, r, j, out);
     }
-    /* the rows still needed after the step join the ring (after pooling read it) */
+    /* the step's last R rows join the ring (after pooling read it): the rows
+     * still needed after the step, and those a roll-back to a shorter length
+     * within the step needs (tide_kvcache_seq_truncate) */
     float *ring = kv_ring(c, s, ly, indexer);
-    int64_t ks = kv_keep_start(ratio, L1);
+    int64_t ks = L1 - R;
     for (int64_t q = ks > L0 ? ks : L0; q < L1; q++) {
       const float *src = A.kvs + (b->run_t0[r] + q - L0) * A.kstride;
       float *dst = ring + (q % R) * width;

@@ -1,46 +1,157 @@
--- bench_spec.lua: speculative decoding with the MTP block (docs/speculative.md):
--- decode tokens/s, tokens per step and draft acceptance at k = 0 (plain) .. 4
--- and at 4 under the adaptive policy; greedy, single request, one run of each
--- after a warm-up (the time includes the prompt's prefill, the same for all).
---   tide scripts/bench_spec.lua [--model DIR] [--tokens N] [--prompt N] [--threads T]
--- Without --model: the default model (generated once; random weights, so
--- acceptance is near zero there and the numbers show the cost side only).
+-- bench_spec.lua: speculative decoding with the MTP block through the engine
+-- (docs/speculative.md). One run measures, for speculation off, k = 1..4 and
+-- the adaptive policy (at most 4), greedy and at temperature 0.8, one request
+-- at a time and 8 concurrent: generated tokens/s (wall time of eng:run(),
+-- prefill of the short prompts included), the acceptance rate and the tokens
+-- committed per verify step. Every configuration must give the same tokens
+-- as speculation off (checked). Rounds are interleaved; medians are printed.
+--   tide scripts/bench_spec.lua [--model DIR] [--tokens N] [--rounds R] [--threads T]
+-- --cost instead times the verify side: one main-model step of n = 1..5
+-- tokens of one sequence (at a context of --context positions) and one
+-- MTP-block step, as multiples of the 1-token step; on the bench checkpoint
+-- (Flash shapes, bandwidth-bound) this is what a draft costs.
+--   tide scripts/bench_spec.lua --cost [--model DIR] [--context N] [--threads T]
 -- The machine may be shared: expect +-20% on the rates.
 local tide = require("tide")
-local mtp = require("tide.models.deepseek_v4_mtp")
 
-local dir, n, plen, threads = nil, 64, 32, 1
+local dir, n, rounds, threads, cost, ctx = nil, 64, 3, 1, false, 512
 local i = 1
 while arg and arg[i] do
-  if arg[i] == "--model" then i = i + 1; dir = arg[i]
-  elseif arg[i] == "--tokens" then i = i + 1; n = tonumber(arg[i])
-  elseif arg[i] == "--prompt" then i = i + 1; plen = tonumber(arg[i])
-  elseif arg[i] == "--threads" then i = i + 1; threads = tonumber(arg[i])
-  else error("unknown argument " .. arg[i]) end
+  local a = arg[i]
+  if a == "--model" then i = i + 1; dir = arg[i]
+  elseif a == "--tokens" then i = i + 1; n = tonumber(arg[i])
+  elseif a == "--rounds" then i = i + 1; rounds = tonumber(arg[i])
+  elseif a == "--threads" then i = i + 1; threads = tonumber(arg[i])
+  elseif a == "--context" then i = i + 1; ctx = tonumber(arg[i])
+  elseif a == "--cost" then cost = true
+  else error("bench_spec: unknown argument " .. a) end
   i = i + 1
 end
 tide.threads(threads)
-dir = dir or assert(tide.default_model())
-local m = assert(tide.model(dir, { max_tokens = 64, cache = { context = plen + n + 16, max_seqs = 4 } }))
-local d = assert(mtp.new(m))
-local prompt = {}
-local x = 7
-for j = 1, plen do
-  x = (x * 1103515245 + 12345) % 2147483648
-  prompt[j] = x % m.vocab_size
+dir = dir or "models/tide-tiny-en"
+
+local function median(t)
+  local s = {}
+  for j, x in ipairs(t) do s[j] = x end
+  table.sort(s)
+  return s[math.floor((#s + 1) / 2)]
 end
-d:greedy(prompt, 4, 1)   -- warm-up
-print(string.format("model %s, prompt %d, %d tokens, %d thread(s)", dir, plen, n, threads))
-print("k\ttokens/s\ttokens/step\taccepted\tdrafted\trate")
-local base
-for k = 0, 5 do
-  -- k = 5: the adaptive draft policy with at most 4 drafts
-  local t0 = tide.time()
-  local out, st = d:greedy(prompt, n, math.min(k, 4), { policy = k == 5 and "adaptive" or nil })
-  local dt = tide.time() - t0
-  base = base or out
-  assert(#out == #base, "different lengths")
-  for j = 1, #out do assert(out[j] == base[j], "k = " .. k .. " differs from plain decoding at " .. j) end
-  print(string.format("%s\t%.2f\t%.2f\t%d\t%d\t%.1f%%", k == 5 and "4 adaptive" or tostring(k), #out / dt,
-    #out / math.max(st.steps + 1, 1), st.accepted, st.drafted, 100 * st.accepted / math.max(st.drafted, 1)))
+
+if cost then
+  local C = tide.C
+  local m = assert(tide.model(dir, { max_tokens = 16, tokenizer = false,
+    cache = { context = ctx + 64, max_seqs = 4 } }))
+  local d = assert(require("tide.models.deepseek_v4_mtp").new(m))
+  local seq = assert(m:sequence())
+  local toks = {}
+  for j = 1, ctx do toks[j] = (j * 7919) % m.vocab_size end
+  local _, err = m:feed(seq, toks, { logits = false })
+  assert(not err, err)
+  local hc, dd = m.net.hc, m.net.d
+  local keep = tide.zeros({ 8, hc, dd })
+  local reps = 7
+  local t = {}
+  for nn = 1, 5 do
+    local xs = {}
+    local vt = {}
+    for j = 1, nn do vt[j] = (j * 31) % m.vocab_size end
+    for r = 1, reps do
+      local p0 = seq:len()
+      local t0 = tide.time()
+      assert(m:step({ { seq = seq, tokens = vt, logits = "all" } }, { after_forward = function(st)
+        C.tide_tensor_copy(keep:narrow(0, 0, nn), st.v.X:narrow(0, 0, nn)) end }))
+      xs[r] = tide.time() - t0
+      assert(seq:truncate(p0))
+    end
+    t[nn] = median(xs)
+  end
+  local ms = d:sequence()
+  local h = tide.zeros({ 1, hc, dd })
+  local xs = {}
+  for r = 1, reps do
+    local f = d:fork(ms)
+    local t0 = tide.time()
+    d:step({ { seq = f, hidden = h, tokens = { 5 }, logits = "last" } })
+    xs[r] = tide.time() - t0
+    d:free(f)
+  end
+  local tm = median(xs)
+  print(string.format("model %s, context %d, %d thread(s), median of %d", dir, ctx, threads, reps))
+  print("| step | ms | x 1-token step |")
+  print("|---|---:|---:|")
+  for nn = 1, 5 do
+    print(string.format("| main model, %d token%s (verify k = %d) | %.2f | %.2f |", nn, nn > 1 and "s" or "", nn - 1,
+      t[nn] * 1e3, t[nn] / t[1]))
+  end
+  print(string.format("| MTP block, 1 token (one draft) | %.2f | %.2f |", tm * 1e3, tm / t[1]))
+  return
+end
+
+local m = assert(tide.model(dir, { max_tokens = 64, cache = { context = 512, max_seqs = 16 } }))
+local PROMPTS = { "And the king said unto", "In the beginning God created the heaven", "A fool and his money",
+  "The LORD is my shepherd; I shall not want.", "Blessed are the meek: for they", "And it came to pass, when the",
+  "You will be married within a year", "Thou shalt not" }
+
+-- one configuration: requests (1 at a time or all 8 at once) -> tokens/s, stats, outputs
+local function run(draft, temp, conc)
+  local outs, gen, t, drafted, accepted, vsteps, vtok = {}, 0, 0, 0, 0, 0, 0
+  local groups = {}
+  if conc == 1 then for j = 1, 4 do groups[j] = { j } end
+  else groups[1] = {} for j = 1, 8 do groups[1][j] = j end end
+  for _, g in ipairs(groups) do
+    local eng = tide.engine(m, { budget = 64 })
+    local hs = {}
+    for _, j in ipairs(g) do
+      hs[j] = assert(eng:submit{ prompt = PROMPTS[j], max_tokens = n, seed = j, ignore_eos = true,
+        sampler = { temp = temp }, draft = draft })
+    end
+    local t0 = tide.time()
+    eng:run()
+    t = t + (tide.time() - t0)
+    for j, h in pairs(hs) do
+      local r = h:result()
+      assert(r.status == "done", tostring(r.error))
+      outs[j] = table.concat(r.tokens, ",")
+      gen = gen + #r.tokens
+      local sp = r.speculation
+      if sp then
+        drafted, accepted, vsteps = drafted + sp.drafted, accepted + sp.accepted, vsteps + sp.steps
+        vtok = vtok + (sp.tokens_per_step or 0) * sp.steps
+      end
+    end
+  end
+  return gen / t, outs, drafted, accepted, vsteps, vtok
+end
+
+local CONFIGS = { { "off", nil }, { "1", 1 }, { "2", 2 }, { "3", 3 }, { "4", 4 },
+  { "adaptive (4)", { max = 4, policy = "adaptive" } } }
+run(2, 0, 8) -- warm-up
+print(string.format("model %s, %d tokens per request, %d thread(s), median of %d interleaved rounds", dir, n, threads,
+  rounds))
+print("| sampling | requests | draft k | tokens/s | x off | acceptance | tokens/verify step |")
+print("|---|---|---|---:|---:|---:|---:|")
+for _, temp in ipairs({ 0, 0.8 }) do
+  for _, conc in ipairs({ 1, 8 }) do
+    local rates, info, base = {}, {}, nil
+    for _ = 1, rounds do
+      for ci, c in ipairs(CONFIGS) do
+        local tps, outs, dr, ac, vs, vt = run(c[2], temp, conc)
+        if ci == 1 then base = base or outs end
+        for j, o in pairs(outs) do
+          assert(o == base[j], "k = " .. c[1] .. " differs from speculation off (request " .. j .. ")")
+        end
+        rates[ci] = rates[ci] or {}
+        rates[ci][#rates[ci] + 1] = tps
+        info[ci] = { dr, ac, vs, vt }
+      end
+    end
+    local off = median(rates[1])
+    for ci, c in ipairs(CONFIGS) do
+      local r, x = median(rates[ci]), info[ci]
+      print(string.format("| %s | %s | %s | %.0f | %.2f | %s | %s |", temp == 0 and "greedy" or "temp 0.8",
+        conc == 1 and "1 at a time" or "8 at once", c[1], r, r / off,
+        x[1] > 0 and string.format("%.0f%%", 100 * x[2] / x[1]) or "-",
+        x[3] > 0 and string.format("%.2f", x[4] / x[3]) or "-"))
+    end
+  end
 end

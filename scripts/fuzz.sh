@@ -12,6 +12,7 @@
 # the growing corpus, the logs and any crash inputs stay in the build
 # directory. The Lua targets load generated checkpoints (presets demo and
 # tiny) from $TIDE_FUZZ_MODELS, default $FUZZ_BUILD/models, made here.
+# FUZZ_RUNS=N also ends each run after N executions (whichever comes first).
 # Each run ends with one line: "fuzz: NAME clean: R runs in S s, cov C,
 # ft F, corpus N" (cov = C edges of libtide, ft = libFuzzer's features,
 # Lua line pairs included).
@@ -25,6 +26,7 @@ case "$1" in
   --no-build) MODE=run; shift ;;
 esac
 SECS=${FUZZ_SECONDS:-60}
+RUNS=${FUZZ_RUNS:--1}
 case "$1" in
   ''|*[!0-9]*) ;;
   *) SECS=$1; shift ;;
@@ -109,13 +111,14 @@ for n in "$@"; do
   # shellcheck disable=SC2086
   if TMPDIR="$BUILD" ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
        UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-       "$exe" -max_total_time="$SECS" -timeout=30 -rss_limit_mb=3072 -print_final_stats=1 \
+       "$exe" -max_total_time="$SECS" -runs="$RUNS" -timeout=30 -rss_limit_mb=3072 -print_final_stats=1 \
        -artifact_prefix="$arts" $dict "$corpus" $seeds > "$flog" 2>&1; then
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$flog" | tail -n 1)
+    took=$(sed -n 's/^Done [0-9]* runs in \([0-9]*\) second.*/\1/p' "$flog" | tail -n 1)
     last=$(grep -E '^#[0-9]+' "$flog" | tail -n 1)
     cov=$(echo "$last" | sed -n 's/.*cov: \([0-9]*\).*/\1/p')
     ft=$(echo "$last" | sed -n 's/.*ft: \([0-9]*\).*/\1/p')
-    echo "fuzz: $n clean: ${runs:-0} runs in ${SECS} s, cov ${cov:-?}, ft ${ft:-?}, corpus $(ls "$corpus" | wc -l)"
+    echo "fuzz: $n clean: ${runs:-0} runs in ${took:-$SECS} s, cov ${cov:-?}, ft ${ft:-?}, corpus $(ls "$corpus" | wc -l)"
   else
     tail -n 60 "$flog"
     echo "fuzz: fuzz_$n FAILED (log $flog, inputs in $arts)"

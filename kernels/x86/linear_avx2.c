@@ -441,6 +441,37 @@ static const fused_fn fused_tab[5][FUSED_MAX_M][2] = {
     FK_ROW(3, 8, 4, 3, 3, 2, 2, 1, 1), FK_ROW(4, 4, 4, 2, 2, 2, 2, 1, 1)};
 #undef FK_ROW
 
+/* Passes for M > 6: the rows of x are cut into passes of at most PASS rows,
+ * as even as possible, and each group of weight rows is run once per pass
+ * (the first pass reads it from memory, the others decode it again from L1).
+ * A group then has pass_g[format] rows whatever the pass size, so every pass
+ * size 1..PASS has a kernel for it; ragged ends take the one-row kernels. */
+#define FK(mr, rr, fmt)                                                                                        \
+  static void fused_##mr##_##rr##_##fmt(const struct tide_linear *l, int64_t n, const float *x, int64_t ldx, \
+                                        float *y, int64_t ldy, int flags, const fused_ctx *ctx) {           \
+    fused_rows(mr, rr, fmt, l, n, x, ldx, y, ldy, flags, ctx);                                               \
+  }
+#define FK_PASS3(fmt) FK(1, 3, fmt) FK(2, 3, fmt)
+#define FK_PASS2(fmt) FK(1, 2, fmt) FK(2, 2, fmt) FK(3, 2, fmt) FK(4, 2, fmt)
+FK_PASS3(0) FK_PASS3(1) FK_PASS3(2) FK_PASS3(3) FK_PASS2(0) FK_PASS2(1) FK_PASS2(2) FK_PASS2(3)
+FK(1, 2, 4) FK(2, 2, 4)
+#undef FK_PASS3
+#undef FK_PASS2
+#undef FK
+enum { PASS_MAX = 8 };
+/* [format][group rows 1..3][pass rows - 1] */
+#define PT3(f) {fused_1_3_##f, fused_2_3_##f, fused_3_3_##f, fused_4_3_##f}
+#define PT2(f) {fused_1_2_##f, fused_2_2_##f, fused_3_2_##f, fused_4_2_##f, fused_5_2_##f, fused_6_2_##f}
+#define PT1(f) {fused_1_1_##f, fused_2_1_##f, fused_3_1_##f, fused_4_1_##f, fused_5_1_##f, fused_6_1_##f, \
+                fused_7_1_##f, fused_8_1_##f}
+static const fused_fn pass_tab[5][4][PASS_MAX] = {
+    {{0}, PT1(0), PT2(0), PT3(0)}, {{0}, PT1(1), PT2(1), PT3(1)}, {{0}, PT1(2), PT2(2), PT3(2)},
+    {{0}, PT1(3), PT2(3), PT3(3)}, {{0}, PT1(4), PT2(4), {0}},
+};
+#undef PT1
+#undef PT2
+#undef PT3
+
 /* FP8 at M = 1: the block factor 2^(sc - bias) can move from the weight to
  * x when that is exact: x * 2^(sc - bias) must be a normal float (or zero,
  * inf, NaN) for every x of the row, with the factor itself normal; then the
@@ -492,11 +523,27 @@ static void prescale_range(const float *x, int64_t K, int bias, int *lo, int *hi
   *lo = lw;
 }
 
-enum { PRESCALE_MAX_K = 16384 };
+enum { PRESCALE_MAX_K = 16384, FUSED_MAX_PASSES = 64 };
+
+/* rows per group for passes of at most p rows of x (a kernel for every pass
+ * size 1..p must exist in pass_tab): 8-12 accumulators */
+static int pass_g(int fmt, int p) { return p <= 4 ? (fmt == TIDE_W_MXFP4 ? 2 : 3) : p <= 6 ? 2 : 1; }
+
+/* Per format: the largest M that runs the fused kernels, and the most rows
+ * of x per pass above M = 6 (measured from DRAM, docs/linear.md) */
+static int fused_max_m[5] = {24, 24, 24, 24, 12}, pass_rows[5] = {4, 4, 4, 6, 4};
+
+void tide_linear_avx2_fused_tune(int fmt, int *max_m, int *pass) {
+  const int old_m = fused_max_m[fmt], old_p = pass_rows[fmt];
+  if (*max_m >= 0 && *max_m <= FUSED_MAX_PASSES) fused_max_m[fmt] = *max_m;
+  if (*pass >= 3 && *pass <= PASS_MAX) pass_rows[fmt] = *pass;
+  *max_m = old_m;
+  *pass = old_p;
+}
 
 static void fused_gemv(const struct tide_linear *l, int64_t r0, int64_t nr, const float *x, int64_t ldx, float *y,
                        int64_t ldy, int64_t m, int flags) {
-  const fused_fn *tab = fused_tab[l->fmt][m - 1];
+  const fused_fn *tab = fused_tab[l->fmt][(m <= FUSED_MAX_M ? m : 1) - 1];
   if (l->fmt == TIDE_W_MXFP4) pthread_once(&mx_lut_once, mx_lut_fill);
   const int64_t K = l->k;
   fused_ctx ctx = {NULL, NULL, !(_mm_getcsr() & 0x0040)}; /* MXCSR.DAZ would zero the f32 subnormal patterns */
@@ -510,8 +557,12 @@ static void fused_gemv(const struct tide_linear *l, int64_t r0, int64_t nr, cons
     ctx.xs = xs;
     ctx.pre = pre;
   }
-  const int g = fused_rr[l->fmt][m > 6 ? 4 : m];
-  const fused_fn *tab4 = fused_tab[l->fmt][3], *tabr = fused_tab[l->fmt][m > 6 ? m - 5 : 0];
+  /* M <= 6: one pass of fused_rr rows per group; more rows of x: passes */
+  const int prow = pass_rows[l->fmt];
+  const int npass = m <= 6 ? 1 : (int)((m + prow - 1) / prow);
+  const int g = npass == 1 ? fused_rr[l->fmt][m] : pass_g(l->fmt, prow);
+  int pm[FUSED_MAX_PASSES]; /* rows of x per pass, as even as possible */
+  for (int p = 0; p < npass; p++) pm[p] = (int)(m / npass + (p < m % npass));
   tide_fused_fn zf = NULL;
   int zg = 0;
 #ifdef TIDE_HAVE_AVX512
@@ -543,14 +594,12 @@ static void fused_gemv(const struct tide_linear *l, int64_t r0, int64_t nr, cons
       continue;
     }
     int big = r0 + nr - n >= g && (l->fmt != TIDE_W_FP8 || n / 128 == (n + g - 1) / 128);
-    if (m > 6) {
-      /* M = 7, 8: two passes over the group, 4 rows of x, then the rest,
-       * the second decoding from L1: 12 accumulators per pass hide the FMA
-       * latency better than 8 in one */
-      tab4[big](l, n, x, ldx, y + (n - r0), ldy, flags, &ctx);
-      tabr[big](l, n, x + 4 * ldx, ldx, y + (n - r0) + 4 * ldy, ldy, flags, &ctx);
-    } else {
+    if (npass == 1) {
       tab[big](l, n, x, ldx, y + (n - r0), ldy, flags, &ctx);
+    } else {
+      const fused_fn *pt = big ? pass_tab[l->fmt][g] : pass_tab[l->fmt][1];
+      for (int p = 0, i0 = 0; p < npass; i0 += pm[p++])
+        pt[pm[p] - 1](l, n, x + i0 * ldx, ldx, y + (n - r0) + i0 * ldy, ldy, flags, &ctx);
     }
     n += big ? g : 1;
   }
@@ -558,7 +607,7 @@ static void fused_gemv(const struct tide_linear *l, int64_t r0, int64_t nr, cons
 
 void tide_linear_avx2_rows(const struct tide_linear *l, int64_t r0, int64_t nr, const float *x, int64_t ldx, float *y,
                            int64_t ldy, int64_t m, int flags) {
-  if (m <= FUSED_MAX_M) {
+  if (m <= fused_max_m[l->fmt]) {
     fused_gemv(l, r0, nr, x, ldx, y, ldy, m, flags);
     return;
   }

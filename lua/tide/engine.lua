@@ -109,6 +109,7 @@ end
 --                steps whatever the policy says (default 32)
 --   eos          stop token ids (default { config.eos_token_id }); false: none
 --   detokenize   false: no text even when the model has a tokenizer
+--   draft        every request's default draft (see submit; a request's own wins)
 -- Returns the engine; with a directory, nil, err when it cannot be loaded.
 function M.new(model, opts)
   opts = opts or {}
@@ -149,8 +150,8 @@ function M.new(model, opts)
     waiting = {},        -- requests without one, in arrival order
     next_id = 1, step_no = 0,
     stats = { steps = 0, tokens = 0, prefill_tokens = 0, decode_tokens = 0, sampled = 0, generated = 0, preemptions = 0,
-      deferred = 0, forced = 0, full_retries = 0, finished = 0,
-      t_total = 0, t_sched = 0, t_model = 0, t_sample = 0 },
+      deferred = 0, forced = 0, full_retries = 0, finished = 0, drafted = 0, accepted = 0, spec_steps = 0,
+      t_total = 0, t_sched = 0, t_model = 0, t_sample = 0, t_draft = 0 },
   }, Engine)
   local eos = opts.eos
   if eos == nil then
@@ -163,6 +164,7 @@ function M.new(model, opts)
   end
   eng.eos = eos
   eng.paged = model:_has_compressed()
+  eng.draft = require("tide.speculate").parse(opts.draft, 2)
   return eng
 end
 
@@ -173,7 +175,8 @@ end
 
 -- ---------------------------------------------------------------- submission
 local SPEC_KEYS = { prompt = true, tokens = true, max_tokens = true, sampler = true, seed = true, stop = true,
-  priority = true, logprobs = true, trace = true, ignore_eos = true, on_token = true, tag = true, probes = true }
+  priority = true, logprobs = true, trace = true, ignore_eos = true, on_token = true, tag = true, probes = true,
+  draft = true }
 
 -- eng:submit{ prompt = TEXT | tokens = {ids}, max_tokens = N (default 128),
 --   sampler = sampler | file path | options table (temp, top_k, ...) | nil,
@@ -181,7 +184,10 @@ local SPEC_KEYS = { prompt = true, tokens = true, max_tokens = true, sampler = t
 --   priority = P (higher first under "priority"), logprobs = N | true,
 --   trace = bool, ignore_eos = bool, on_token = function(h, id, text), tag = any,
 --   probes = { probe, ... } (tide.probe: on this request's rows only; a
---   failing probe ends this request with finish_reason "error") }
+--   failing probe ends this request with finish_reason "error"),
+--   draft = k | { max = k, policy = "fixed" | "adaptive" | file | table, opts = {} }
+--   (speculative decoding with the MTP block, same tokens; tide.speculate;
+--   0 or false: none even when the engine has a default) }
 -- Returns a handle. Misuse (bad types, unknown fields, ids outside the
 -- vocabulary) raises; a request that could never fit (beyond the model's
 -- positions or larger than the whole cache) gives nil, message.
@@ -245,6 +251,8 @@ function Engine:submit(spec)
       self.swa_cap, self.pages_cap)
   end
   local probes = require("tide.probe").compile(model, spec.probes, 2)
+  local draft = self.draft
+  if spec.draft ~= nil then draft = require("tide.speculate").parse(spec.draft, 2) end
   local sampler, serr = M.sampler_of(spec.sampler, model.tokenizer)
   if not sampler then error("submit: " .. tostring(serr), 2) end
   local gen = require("tide.generation").new{
@@ -262,6 +270,7 @@ function Engine:submit(spec)
     t_submit = now(),
   }, Request)
   for i = 1, #toks do r.tokens[i] = toks[i] end
+  if draft then require("tide.speculate").attach(self, r, draft) end
   gen:prompt(r.tokens)
   r.view = {}
   refresh(r)
@@ -441,6 +450,7 @@ end
 -- Release r's cache blocks; it waits and recomputes its whole history
 -- (prompt + generated tokens) when scheduled again.
 function Engine:_preempt(r)
+  if r.spec then require("tide.speculate").reset(self, r) end
   r.seq:free()
   r.seq = nil
   r.computed = 0
@@ -550,6 +560,21 @@ function Engine:step()
       insert_ordered(self.running, r)
     end
   end
+  -- speculation: drafting requests verify pending + drafts (tide.speculate)
+  local spec, sopts
+  for _, e in ipairs(entries) do if e.r.spec then spec = require("tide.speculate") break end end
+  if spec then
+    local td = now()
+    local ended = spec.plan(self, entries, function(es) return self:_fits(es) end)
+    self.stats.t_draft = self.stats.t_draft + (now() - td)
+    for _, x in ipairs(ended) do
+      for i, e in ipairs(entries) do
+        if e.r == x[1] then table.remove(entries, i) break end
+      end
+      self:_finish(x[1], "error", x[2])
+    end
+    sopts = { after_forward = spec.capture }
+  end
   local me, res
   local t_model = 0
   while true do
@@ -557,12 +582,18 @@ function Engine:step()
     for i, e in ipairs(entries) do
       -- the request's next span of tokens (the same spans m:feed runs)
       local r, n, c = e.r, e.n, e.r.computed
-      me[i] = { seq = r.seq, tokens = r.tokens, from = c + 1, n = n, logits = (c + n == #r.tokens) and "last" or false,
-        probes = r.probes }
+      if e.drafts then
+        me[i] = spec.entry(e)
+      else
+        me[i] = { seq = r.seq, tokens = r.tokens, from = c + 1, n = n,
+          logits = (c + n == #r.tokens) and "last" or false, probes = r.probes }
+      end
+      me[i].eng = e
+      e.cn0 = nil
     end
     if #me == 0 then break end
     local tm = now()
-    res = model:step(me)
+    res = model:step(me, sopts)
     t_model = t_model + (now() - tm)
     if res then break end
     -- the cache disagreed with the count: someone else took blocks
@@ -582,19 +613,27 @@ function Engine:step()
   for i, e in ipairs(entries) do
     local r = e.r
     if failed and failed[i] then goto continue end
-    if #r.generated > 0 and e.n == 1 and r.computed + 1 == #r.tokens then
+    if e.drafts then
+      stats.decode_tokens = stats.decode_tokens + e.n   -- pending + drafts; computed moves in spec.commit
+    elseif #r.generated > 0 and e.n == 1 and r.computed + 1 == #r.tokens then
       stats.decode_tokens = stats.decode_tokens + 1
     else
       stats.prefill_tokens = stats.prefill_tokens + e.n
     end
-    r.computed = r.computed + e.n
+    if not e.drafts then r.computed = r.computed + e.n end
     r.last_step = self.step_no
-    r.swa_held, r.pages_held = r.seq:usage()
+    if not e.drafts then r.swa_held, r.pages_held = r.seq:usage() end
     ran = ran + e.n
     ::continue::
   end
   for i, e in ipairs(entries) do
-    if res[i] then self:_sample(e.r, res[i]) end
+    if res[i] then
+      if e.drafts then
+        if e.r.status == "running" then spec.commit(self, e, res[i], self._sample) end
+      else
+        self:_sample(e.r, res[i])
+      end
+    end
   end
   local t2 = now()
   stats.steps = stats.steps + 1
@@ -638,10 +677,11 @@ function Engine:_sample(r, row)
     local okc, cerr = pcall(r.on_token, r, tok, text)
     if not okc then
       self:_finish(r, "error", "on_token: " .. tostring(cerr))
-      return
+      return tok
     end
   end
   if reason and r.status == "running" then self:_finish(r, reason) end
+  return tok
 end
 
 -- End r: its blocks go back to the pool now.
@@ -649,6 +689,7 @@ function Engine:_finish(r, reason, err)
   if r.status == "done" or r.status == "error" or r.status == "cancelled" then return end
   if r.seq then r.seq:free() end
   r.seq = nil
+  if r.spec then require("tide.speculate").reset(self, r) end
   r.swa_held, r.pages_held = 0, 0
   remove(self.running, r)
   remove(self.waiting, r)
@@ -680,14 +721,17 @@ end
 function Engine:active() return #self.running + #self.waiting end
 
 -- Time shares since the engine started: t_sched is the Lua scheduling of
--- each step (view, policy, checks, admission, batch lists), t_model the
--- forward (model:step), t_sample the sampling and streaming.
+-- each step (view, policy, checks, admission, batch lists; with drafting
+-- also the MTP drafting, t_draft of it), t_model the forward (model:step),
+-- t_sample the sampling and streaming. drafted / accepted / spec_steps and
+-- acceptance: speculative decoding (tide.speculate).
 function Engine:report()
   local s = self.stats
   local out = {}
   for k, v in pairs(s) do out[k] = v end
   out.sched_share = s.t_total > 0 and s.t_sched / s.t_total or 0
   out.sample_share = s.t_total > 0 and s.t_sample / s.t_total or 0
+  out.acceptance = s.drafted > 0 and s.accepted / s.drafted or nil
   return out
 end
 
@@ -747,7 +791,8 @@ end
 -- The result record (what `tide batch` writes): ids, text, finish reason,
 -- error, logprobs (when asked), ttft (s from submission to the first token),
 -- tokens_per_second (decode rate after the first token), time (s from
--- submission to the end), preemptions.
+-- submission to the end), preemptions, speculation (with drafting: max,
+-- policy, steps, drafted, accepted, acceptance, tokens_per_step).
 function Request:result()
   local n = #self.generated
   local ids = {}
@@ -764,6 +809,7 @@ function Request:result()
     tokens_per_second = tps, preemptions = self.preemptions,
     step_admit = self.step_admit, step_first = self.step_first, step_done = self.step_done,
     logprobs = self.gen.logprobs,
+    speculation = self.spec and require("tide.speculate").report(self) or nil,
   }
 end
 

@@ -176,6 +176,18 @@ function Seq:assign(other)
   return self
 end
 
+-- Roll back to length `len` within the last step (tide_kvcache_seq_truncate:
+-- exactly the cache of a sequence fed only its first len tokens). true, or
+-- nil, err when the cache cannot (another step ran since, or len is before
+-- the last step); nothing changes then.
+function Seq:truncate(len)
+  if self.model._refs and self.model._refs[self] then
+    return nil, "truncate: the reference model's state cannot roll back"
+  end
+  if C.tide_kvcache_seq_truncate(self.model.cache, self.id, len) < 0 then return nil, tffi.last_error() end
+  return true
+end
+
 -- Cache blocks this sequence holds: swa_blocks, pages.
 function Seq:usage()
   check(C.tide_kvcache_seq_usage(self.model.cache, self.id, i32x2, i32x2 + 1), 2)

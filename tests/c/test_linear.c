@@ -1,10 +1,10 @@
 /* test_linear.c - the linear kernels: every weight format and path against
  * the double-accumulation reference (NMSE) and against the scalar model of
  * the dot form (bitwise) on awkward shapes; batch invariance (a row alone =
- * the same row inside M = 3, 8, 65, 256), thread invariance, grouped vs
+ * the same row inside M = 2..33, 65, 200, 256), thread invariance, grouped vs
  * per-group handles, forward_many vs separate calls, output flags, NaN
  * weights, no allocation per call, the oneDNN opt-in, misuse errors; the
- * fused M <= 8 kernels at every M with ragged row groups, both FP8
+ * fused kernels and the panels at every M = 1..33 with ragged row groups, both FP8
  * decoders (MXCSR.DAZ picks the f16 one), the bounds of moving the FP8
  * block factor onto x, and the AVX-512 variants against AVX2 (skipped,
  * with a note, on CPUs without them). */
@@ -166,6 +166,11 @@ static void batch_invariance(void) {
     check_sub_batch(&q, &x, &y, 40, 4);
     check_sub_batch(&q, &x, &y, 60, 5);
     check_sub_batch(&q, &x, &y, 100, 8);
+    check_sub_batch(&q, &x, &y, 111, 9);
+    check_sub_batch(&q, &x, &y, 17, 12);
+    check_sub_batch(&q, &x, &y, 200, 16);
+    check_sub_batch(&q, &x, &y, 31, 24);
+    check_sub_batch(&q, &x, &y, 64, 33);
     check_sub_batch(&q, &x, &y, 130, 65);
     check_sub_batch(&q, &x, &y, 3, 200);
     tide_tensor_release(&x);
@@ -180,8 +185,8 @@ static void thread_invariance(void) {
   for (int fi = 0; fi < 3; fi++) {
     weight q;
     weight_make(&q, fmts[fi], 777, 1024, 3 + fi);
-    static const int64_t Ms[] = {1, 3, 65};
-    for (int mi = 0; mi < 3; mi++) {
+    static const int64_t Ms[] = {1, 3, 12, 16, 65};
+    for (int mi = 0; mi < 5; mi++) {
       int64_t M = Ms[mi];
       tide_tensor x, y1, y2;
       x_make(&x, M, 1024, 5);
@@ -640,29 +645,59 @@ static void fp8_nan_flags(void) {
   weight_free(&q);
 }
 
-/* The fused kernels at every M = 1..8: row groups of 1..8 rows with ragged
- * ends, FP8 groups that would straddle a 128-row scale block, K tails, more
- * than 16 MXFP4 scale blocks per row; FP8 at M = 1 with x small (the block
- * factor on x) and large (refused: the weights take it). */
+/* AUTO vs the model already in yd (M rows of x), bitwise (NaN = NaN) */
+static void check_against(const weight *q, const tide_tensor *x, const tide_tensor *yd, const char *what, int cfg) {
+  int64_t M = x->sizes[0], N = q->l->n, K = q->l->k;
+  tide_tensor y;
+  y_make(&y, M, N);
+  TT_OK(tide_linear_forward_ex(q->l, &y, x, 0));
+  TT_CHECK(same_or_nan(y.data, yd->data, M * N), "%s (path %d) %s N=%lld K=%lld M=%lld: differs from the dot-form model",
+           what, cfg, fmt_name[q->l->fmt], (long long)N, (long long)K, (long long)M);
+  tide_tensor_release(&y);
+}
+
+/* The fused kernels and the panels at every M = 1..33, each against the dot
+ * model: the default choice of path, every M through the panels, and every
+ * M through the fused kernels in passes of at most 3..8 rows of x (row
+ * groups of 1..8 rows with ragged ends, FP8 groups that would straddle a
+ * 128-row scale block, K tails, more than 16 MXFP4 scale blocks per row);
+ * FP8 at M = 1 with x small (the block factor on x) and large (refused: the
+ * weights take it). */
 static void fused_every_m(void) {
   if (!tide_kernels_avx2()) return;
   static const struct { int fmt; int64_t n, k; } cases[] = {
-      {TIDE_W_FP8, 141, 392}, {TIDE_W_FP8, 37, 1029}, {TIDE_W_FP8, 24, 100}, {TIDE_W_MXFP4, 139, 576},
-      {TIDE_W_MXFP4, 21, 64}, {TIDE_W_MXFP4, 17, 32},
-      {TIDE_W_BF16, 45, 200}, {TIDE_W_F32, 19, 72},   {TIDE_W_F16, 23, 136}};
+      {TIDE_W_FP8, 141, 392}, {TIDE_W_FP8, 37, 1029},  {TIDE_W_FP8, 24, 100},  {TIDE_W_MXFP4, 139, 576},
+      {TIDE_W_MXFP4, 21, 64}, {TIDE_W_MXFP4, 17, 32},  {TIDE_W_BF16, 45, 200}, {TIDE_W_BF16, 29, 203},
+      {TIDE_W_F32, 19, 72},   {TIDE_W_F32, 13, 37},    {TIDE_W_F16, 23, 136},  {TIDE_W_F16, 11, 1001}};
+  /* {largest fused M, most rows per pass}; -1 keeps the default */
+  static const int cfgs[][2] = {{-1, -1}, {0, -1}, {64, 3}, {64, 4}, {64, 5}, {64, 6}, {64, 7}, {64, 8}};
+  const int ncfg = sizeof cfgs / sizeof cfgs[0];
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     weight q;
-    weight_make(&q, cases[c].fmt, cases[c].n, cases[c].k, 900 + c);
-    for (int64_t M = 1; M <= 8; M++) {
-      tide_tensor x;
-      x_make(&x, M, cases[c].k, 40 + M);
-      check_model(&q, &x, "fused");
-      if (M == 1) {
-        float *xp = x.data;
-        for (int64_t k = 0; k < cases[c].k; k++) xp[k] *= 0x1p20f;
-        check_model(&q, &x, "fused, large x");
+    const int64_t N = cases[c].n, K = cases[c].k;
+    int def_m = -1, def_p = -1;
+    tide_linear_avx2_fused_tune(cases[c].fmt, &def_m, &def_p);
+    weight_make(&q, cases[c].fmt, N, K, 900 + c);
+    for (int64_t M = 1; M <= 33; M++) {
+      tide_tensor x, yd;
+      x_make(&x, M, K, 40 + M);
+      y_make(&yd, M, N);
+      for (int big = 0; big < (M == 1 ? 2 : 1); big++) {
+        if (big) {
+          float *xp = x.data;
+          for (int64_t k = 0; k < K; k++) xp[k] *= 0x1p20f;
+        }
+        tide_linear_dot_rows(q.l, 0, N, x.data, K, yd.data, N, M, 0);
+        for (int ci = 0; ci < ncfg; ci++) {
+          int tm = cfgs[ci][0] < 0 ? def_m : cfgs[ci][0], tp = cfgs[ci][1] < 0 ? def_p : cfgs[ci][1];
+          tide_linear_avx2_fused_tune(cases[c].fmt, &tm, &tp);
+          check_against(&q, &x, &yd, big ? "large x" : "fused/panels", ci);
+        }
+        int tm = def_m, tp = def_p;
+        tide_linear_avx2_fused_tune(cases[c].fmt, &tm, &tp);
       }
       tide_tensor_release(&x);
+      tide_tensor_release(&yd);
     }
     weight_free(&q);
   }

@@ -19,5 +19,5 @@ return function(data)
       if ok and h then h:cancel() end
     end
   end
-  if eng:active() ~= 0 then error("fuzz_batch: a cancelled request is still active") end
+  if eng:active() ~= 0 then fuzz_fail("a cancelled request is still active") end
 end

@@ -24,8 +24,7 @@ return function(data)
     local tok, info = st:sample(rows[i])
     if not tok then error(info, 0) end
     if tok ~= math.floor(tok) or tok < 0 or tok >= VOCAB then
-      io.stderr:write("fuzz_sampler: token ", tostring(tok), " from ", s:describe(), "\n")
-      os.exit(99) -- a finding
+      fuzz_fail("token " .. tostring(tok) .. " from " .. s:describe())
     end
     st:accept(tok)
   end

@@ -4,7 +4,8 @@
  * executable by CMake), which returns a function, and calls that function
  * with every input as a Lua string.
  *
- * A Lua error is a rejected input and is fine. A crash, an abort, a
+ * A Lua error is a rejected input and is fine. A crash, an abort (a target
+ * reports a broken invariant with the global fuzz_fail(message)), a
  * sanitizer report, a hang (libFuzzer -timeout) or a C allocation that
  * outlives its input (checked after a full garbage collection, twice, so
  * one-time caches are not counted) is a finding.
@@ -56,6 +57,13 @@ static void die(const char *what) {
   abort();
 }
 
+/* fuzz_fail(message): a broken invariant, a finding (not a refused input) */
+static int l_fuzz_fail(lua_State *l) {
+  fprintf(stderr, "fuzz_%s: FINDING: %s\n", FUZZ_LUA_TARGET, luaL_optstring(l, 1, "(no message)"));
+  abort();
+  return 0;
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc;
   (void)argv;
@@ -64,6 +72,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   const char *v = getenv("TIDE_FUZZ_VERBOSE");
   verbose = v && *v && *v != '0';
   luaL_openlibs(L);
+  lua_register(L, "fuzz_fail", l_fuzz_fail);
   luaJIT_setmode(L, 0, LUAJIT_MODE_ENGINE | LUAJIT_MODE_OFF);
   const char *root = getenv("TIDE_SOURCE_DIR");
   if (!root || !*root) root = TIDE_SOURCE_DIR;

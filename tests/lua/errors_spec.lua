@@ -185,16 +185,13 @@ end)
 -- show tide's internals (no ".lua:" position, no traceback) unless asked
 -- for with -v or TIDE_TRACEBACK=1. Every subcommand prints its usage for
 -- --help and -h; --max-tokens refuses what it cannot mean.
-local tm = require("testmodels")
 local q, sh, EXE = tm.q, tm.sh, tm.EXE
 
-local TMP = (os.getenv("TIDE_TEST_TMP") or "/tmp") .. "/errors_spec"
 os.execute("mkdir -p " .. q(TMP))
-local TINY = tm.get("tiny1", { "--preset", "tiny", "--seed", "1" })
 local DEMO = tm.get("demo1", { "--preset", "demo", "--seed", "2" })
 local NOPE = TMP .. "/no_such_thing"
 
-local function write(name, text)
+local function put(name, text)
   local p = TMP .. "/" .. name
   local f = assert(io.open(p, "w"))
   f:write(text)
@@ -202,12 +199,12 @@ local function write(name, text)
   return p
 end
 
-local RAISE = write("raise.lua", 'return sampling.chain{ function(c) error("my stage broke") end }\n')
-local SYNTAX = write("syntax.lua", "return sampling.chain{ sampling.top_k(\n")
-local FIVE = write("five.lua", "return 5\n")
-local POLICY = write("policy.lua", 'return { name = "p", schedule = function(v) error("policy bug") end }\n')
-local GARBAGE = write("garbage.safetensors", "this is not a checkpoint at all")
-local LINES = write("requests.jsonl", table.concat({
+local RAISE = put("raise.lua", 'return sampling.chain{ function(c) error("my stage broke") end }\n')
+local SYNTAX = put("syntax.lua", "return sampling.chain{ sampling.top_k(\n")
+local FIVE = put("five.lua", "return 5\n")
+local POLICY = put("policy.lua", 'return { name = "p", schedule = function(v) error("policy bug") end }\n')
+local GARBAGE = put("garbage.safetensors", "this is not a checkpoint at all")
+local LINES = put("requests.jsonl", table.concat({
   '{"tokens": [1, 2], "max_tokens": 2}',
   "{bad json",
   '{"tokens": [999999]}',
@@ -215,9 +212,9 @@ local LINES = write("requests.jsonl", table.concat({
   '{"tokens": [1], "sampler": "' .. RAISE .. '", "max_tokens": 2}',
 }, "\n") .. "\n")
 
-local function run(args, env)
+local function run(argv, env)
   local parts = { q(EXE) }
-  for _, a in ipairs(args) do parts[#parts + 1] = q(a) end
+  for _, a in ipairs(argv) do parts[#parts + 1] = q(a) end
   return sh((env or "") .. table.concat(parts, " ") .. " < /dev/null")
 end
 
@@ -296,7 +293,7 @@ describe("error messages", function()
   end)
 
   it("chat commands and replies fail without internals", function()
-    local input = write("chat_in.txt", table.concat({ "/set temp warm", "/set colour 1", "/sampler " .. NOPE .. ".lua",
+    local input = put("chat_in.txt", table.concat({ "/set temp warm", "/set colour 1", "/sampler " .. NOPE .. ".lua",
       "/load " .. NOPE, "/save " .. NOPE .. "/x.tsess", "/inspect 1 2 3 x", "/sampler " .. RAISE, "hello", "/quit" },
       "\n") .. "\n")
     local out, rc = sh(q(EXE) .. " chat --model " .. q(DEMO) .. " --max-tokens 2 < " .. q(input))
@@ -309,7 +306,7 @@ describe("error messages", function()
   end)
 
   it("the REPL shows the user's frames and hides tide's", function()
-    local input = write("repl_in.txt", 'tide.engine(5)\nx = tide.zeros("nine")\nprint("still here")\n')
+    local input = put("repl_in.txt", 'tide.engine(5)\nx = tide.zeros("nine")\nprint("still here")\n')
     local out = sh(q(EXE) .. " < " .. q(input))
     assert.truthy(out:find("stdin:1: tide.engine(model, opts): a model (tide.model) expected", 1, true), out)
     assert.truthy(out:find("unknown dtype 'nine'", 1, true), out)
@@ -325,7 +322,7 @@ describe("error messages", function()
     -- a command whose code raises a plain Lua error deep inside
     local dir = TMP .. "/cmds"
     os.execute("mkdir -p " .. q(dir .. "/tide/cli"))
-    write("cmds/tide/cli/boom.lua", [[
+    put("cmds/tide/cli/boom.lua", [[
 local function deep() local t = nil; return t.field end
 return { summary = "fails", usage = "usage: tide boom", run = function(argv)
   require("tide.cli.args").parse(argv, {}, "boom")

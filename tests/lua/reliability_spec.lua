@@ -102,6 +102,7 @@ end
     local path, ready = TMP .. "/saved.tsess", TMP .. "/ready"
     math.randomseed(7)
     local kills, mid_write = 0, 0
+    local seen, dead = {}, {}
     while kills < 40 and (kills < 6 or mid_write < 3) do
       os.remove(path)
       os.remove(ready)
@@ -112,9 +113,12 @@ end
       ffi.C.usleep(math.random(0, 400000))
       kill9(pid)
       kills = kills + 1
-      local tmps = tmp_files(TMP, "saved.tsess")
-      if #tmps > 0 then mid_write = mid_write + 1 end
-      for _, t in ipairs(tmps) do os.remove(t) end
+      -- a kill in the middle of a save leaves its PATH.tmp-PID (kept: the
+      -- next save cleans them up, checked below)
+      dead[#dead + 1] = pid
+      for _, t in ipairs(tmp_files(TMP, "saved.tsess")) do
+        if not seen[t] then seen[t], mid_write = true, mid_write + 1 end
+      end
       -- the file is a whole save: it loads, with the tokens of that save
       local s, err = tide.session_load(model, path, { print = false })
       assert.is_truthy(s, err)
@@ -126,6 +130,33 @@ end
     end
     -- the kills did land in the middle of writes (else this proved nothing)
     assert.is_true(mid_write >= 3, string.format("only %d of %d kills hit a save in progress", mid_write, kills))
+
+    -- the next save of that name removes the killed savers' temporary
+    -- files once they are a minute old, and nothing else: not a live
+    -- process's, not a fresh one, not another name's, not a non-PID suffix
+    -- (a saver started more than a minute after a kill may have cleaned up
+    -- already: then a killed saver's file is made here)
+    local stale = tmp_files(TMP, "saved.tsess")
+    if #stale == 0 then stale[1] = write(path .. ".tmp-" .. dead[1], "a killed saver's") end
+    local sleeper = spawn("sleep 600", TMP .. "/sleep.log")
+    local live = write(path .. ".tmp-" .. sleeper, "a live writer's")
+    local dead_pid = stale[1]:match("(%d+)$")
+    local other = write(TMP .. "/other.tsess.tmp-" .. dead_pid, "another name's")
+    local word = write(path .. ".tmp-x" .. dead_pid, "not a PID")
+    local old = table.concat({ live, other, word }, "' '")
+    for _, f in ipairs(stale) do old = old .. "' '" .. f end
+    os.execute("touch -d '2 minutes ago' '" .. old .. "'")
+    local fresh_pid = tonumber(dead_pid) + 1
+    while alive(fresh_pid) do fresh_pid = fresh_pid + 1 end
+    local fresh = write(path .. ".tmp-" .. fresh_pid, "killed a moment ago")
+    local s = model:session{ seed = 1, print = false }
+    s:append({ 1, 2, 3 })
+    assert.is_truthy(s:save(path))
+    s:close()
+    for _, f in ipairs(stale) do assert.is_false(exists(f), f .. " is still there") end
+    for _, f in ipairs({ live, other, word, fresh }) do assert.is_true(exists(f), f .. " was removed") end
+    os.execute("kill " .. sleeper .. " 2>/dev/null")
+    for _, f in ipairs({ live, other, word, fresh }) do os.remove(f) end
     model:close()
   end)
 

@@ -136,6 +136,16 @@ int tide_kvcache_seq_fork(tide_kvcache *c, int32_t src, int32_t *dst);
 /* Make dst an exact copy of src (dst's old contents released first): restore
  * a snapshot with (dst = conversation, src = snapshot). dst != src. */
 int tide_kvcache_seq_assign(tide_kvcache *c, int32_t dst, int32_t src);
+/* Roll a sequence back to length len (positions len.. are dropped), exactly:
+ * afterwards its cache contents (every region's extent, tide_kvcache_seq_read)
+ * are those of a sequence that was only ever fed its first len tokens. Only
+ * within the sequence's last committed step and before any other step,
+ * import or write on this cache (len in p0..length, p0 = its length before
+ * that step; what speculative decoding needs: verify k+1 tokens, keep the
+ * accepted prefix) and with that step at most 8 tokens past the carried
+ * compressor rows; otherwise TIDE_E_STATE and nothing changes. Blocks and
+ * pages holding only dropped positions return to the pool. */
+int tide_kvcache_seq_truncate(tide_kvcache *c, int32_t id, int64_t len);
 /* Give an empty sequence the length len, allocating (all or nothing, TIDE_FULL)
  * the blocks and pages positions 0..len-1 need, for importing saved contents
  * with tide_kvcache_seq_write. Contents are zero until written. */

@@ -258,7 +258,9 @@ int tide_ckpt_prefault(const tide_ckpt *ck, const int64_t *idx, int64_t n, int m
  * by name, contiguous data, the header padded with spaces to a multiple of
  * 8 bytes so the data section starts 8-byte aligned. The header's keys are
  * in that same order. Data goes to PATH.tmp-PID and is renamed to PATH by
- * finish, so a failed write never leaves a half file under PATH. */
+ * finish, so a failed write never leaves a half file under PATH. A new
+ * writer of PATH removes the PATH.tmp-PID files of killed writers (PID not
+ * running, file untouched for a minute). */
 typedef struct tide_st_writer tide_st_writer;   /* opaque */
 int tide_st_writer_new(tide_st_writer **out, const char *path);
 /* A __metadata__ entry (string to string). Before the first write. */

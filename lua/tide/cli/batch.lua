@@ -28,6 +28,11 @@ local spec = {
   patience = { type = "number", meta = "N",
     help = "the oldest request runs at least every N steps (default 32)" },
   threads = { type = "number", meta = "N", help = "OpenMP threads" },
+  draft = { type = "number", meta = "N", integer = true, min = 0,
+    help = "speculative decoding: the MTP block drafts up to N tokens per step (a line's \"draft\" wins; "
+      .. "same output)" },
+  draft_policy = { type = "string", meta = "NAME|FILE",
+    help = "with --draft: fixed (default), adaptive or a Lua file" },
   max_tokens = { type = "number", meta = "N", default = 128, help = "tokens to generate for lines without max_tokens" },
   progress = { type = "boolean",
     help = "show the progress bar even when stderr is not a terminal (--no-progress: never)" },
@@ -43,9 +48,11 @@ local M = {
     .. "                  [--budget N] [--max-running N] [--cache-pages N] [--threads N] [sampling defaults]\n"
     .. "A request line: {\"prompt\": TEXT | \"tokens\": [ids], \"max_tokens\": N, \"seed\": S, \"stop\": [...],\n"
     .. "  \"priority\": P, \"logprobs\": N | true, \"ignore_eos\": bool, \"id\": any, \"sampler\": FILE,\n"
+    .. "  \"draft\": N (speculative decoding, as --draft),\n"
     .. "  and sampling options by their option names (\"temp\", \"top_k\", \"top_p\", \"min_p\", ...)}.\n"
     .. "A result line: {\"line\", \"id\", \"finish_reason\", \"text\", \"tokens\", \"prompt_tokens\",\n"
-    .. "  \"completion_tokens\", \"ttft\", \"time\", \"tokens_per_second\", \"preemptions\", \"logprobs\"} or\n"
+    .. "  \"completion_tokens\", \"ttft\", \"time\", \"tokens_per_second\", \"preemptions\", \"speculation\" (with\n"
+    .. "  drafts: max, policy, steps, drafted, accepted, acceptance, tokens_per_step), \"logprobs\"} or\n"
     .. "  {\"line\", \"id\", \"error\"}. Exit status 1 when some line failed.\n"
     .. "Each result line is written whole and flushed as soon as it and the lines before it are done;\n"
     .. "after a crash or a kill, --resume keeps the complete result lines and runs the rest.\n" .. args.help(spec),
@@ -93,7 +100,8 @@ end
 M.encode = encode
 
 local RESULT_KEYS = { "line", "id", "finish_reason", "stop_string", "text", "tokens", "prompt_tokens",
-  "completion_tokens", "ttft", "time", "tokens_per_second", "preemptions", "logprobs", "error" }
+  "completion_tokens", "ttft", "time", "tokens_per_second", "preemptions", "speculation", "logprobs", "error" }
+local SPEC_KEYS = { "max", "policy", "steps", "drafted", "accepted", "acceptance", "tokens_per_step" }
 local LP_KEYS = { "token", "text", "logprob", "sampled_logprob", "top", "sampled_top" }
 local TOP_KEYS = { "id", "logprob" }
 
@@ -109,6 +117,10 @@ local function result_record(line, uid, res)
     stop_string = res.stop_string, text = res.text, tokens = array(res.tokens), prompt_tokens = res.prompt_tokens,
     completion_tokens = res.completion_tokens, ttft = res.ttft, time = res.time,
     tokens_per_second = res.tokens_per_second, preemptions = res.preemptions, error = res.error }
+  if res.speculation then
+    rec.speculation = { __keys = SPEC_KEYS }
+    for k, v in pairs(res.speculation) do rec.speculation[k] = v end
+  end
   if res.logprobs then
     local lp = array({})
     for i, e in ipairs(res.logprobs) do
@@ -123,7 +135,7 @@ end
 -- ---------------------------------------------------------------- JSON in
 local REQ_KEYS = { prompt = "string", tokens = "ids", max_tokens = "int", n_predict = "int", seed = "number",
   stop = "stop", priority = "number", logprobs = "logprobs", n_probs = "int", ignore_eos = "boolean",
-  id = "any", sampler = "string" }
+  id = "any", sampler = "string", draft = "int" }
 
 local function is_int(v) return type(v) == "number" and v == math.floor(v) end
 
@@ -212,7 +224,7 @@ local function to_request(obj, defaults, sampler_cache, tokenizer)
   return {
     prompt = req.prompt, tokens = req.tokens, max_tokens = req.max_tokens or req.n_predict or defaults.max_tokens,
     seed = seed, stop = req.stop, priority = req.priority, logprobs = lp or nil, ignore_eos = req.ignore_eos,
-    sampler = sampler,
+    sampler = sampler, draft = req.draft,
   }, nil, req.id
 end
 M.to_request = to_request   -- shared with tide serve (lua/tide/server/openai.lua)
@@ -337,8 +349,9 @@ function M.run(argv)
   local model, merr = tide.model(o.model, { max_tokens = o.budget, cache = { context = o.context,
     max_seqs = o.max_running, pages = o.cache_pages, swa_blocks = o.cache_swa_blocks } })
   if not model then args.fail("batch: cannot load the model: " .. tostring(merr), 1) end
+  local draft = o.draft and o.draft > 0 and { max = o.draft, policy = o.draft_policy } or nil
   local okp, eng = pcall(tide.engine, model, { budget = o.budget, chunk = o.chunk, policy = o.policy,
-    patience = o.patience })
+    patience = o.patience, draft = draft })
   if not okp then args.fail("batch: " .. tostring(eng):gsub("^engine: ", ""), 1) end
   local out
   if o.output == "-" then out = io.stdout else
@@ -434,6 +447,10 @@ function M.run(argv)
       .. "mean time to first token %.3f s, %d steps, %d preemptions, Lua scheduling %.2f%% of step time\n", #slots,
       failed, elapsed, rep.generated, rep.generated / math.max(elapsed, 1e-9), n_ttft > 0 and sum_ttft / n_ttft or 0,
       rep.steps, rep.preemptions, 100 * rep.sched_share))
+    if rep.spec_steps > 0 then
+      io.stderr:write(string.format("tide batch: drafts: %d drafted, %d accepted (%.1f%%) in %d verify steps\n",
+        rep.drafted, rep.accepted, 100 * rep.acceptance, rep.spec_steps))
+    end
   end
   eng:close()
   model:close()

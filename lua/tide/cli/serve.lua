@@ -31,6 +31,10 @@ local spec = {
   shutdown = { type = "number", meta = "S", default = 10,
     help = "on SIGINT/SIGTERM, finish running requests for at most S seconds, then cancel them" },
   threads = { type = "number", meta = "N", help = "OpenMP threads" },
+  draft = { type = "number", meta = "N", integer = true, min = 0,
+    help = "speculative decoding: the MTP block drafts up to N tokens per step (same output)" },
+  draft_policy = { type = "string", meta = "NAME|FILE",
+    help = "with --draft: fixed (default), adaptive or a Lua file" },
   max_tokens = { type = "number", meta = "N",
     help = "completion tokens when a request gives none (default: up to the context)" },
   quiet = { type = "boolean", help = "no log lines on stderr" },
@@ -44,6 +48,7 @@ local M = {
     .. "Endpoints: POST /v1/chat/completions, /v1/completions (stream: true for SSE), GET /v1/models, /health,\n"
     .. "/metrics (Prometheus), POST /tokenize, /detokenize. docs/server.md has the details.\n" .. args.help(spec),
 }
+M.spec = spec   -- (tests/fuzz/fuzz_server.lua parses the defaults as the command does)
 
 local function exists(p)
   local f = io.open(p, "rb")
@@ -87,7 +92,8 @@ function M.run(argv)
   local model, merr = tide.model(dir, { max_tokens = o.budget, cache = { context = o.context, max_seqs = o.parallel,
     pages = o.cache_pages, swa_blocks = nil } })
   if not model then args.fail("serve: " .. tostring(merr), 1) end
-  local okp, eng = pcall(tide.engine, model, { budget = o.budget, chunk = o.chunk, policy = o.policy })
+  local okp, eng = pcall(tide.engine, model, { budget = o.budget, chunk = o.chunk, policy = o.policy,
+    draft = o.draft and o.draft > 0 and { max = o.draft, policy = o.draft_policy } or nil })
   if not okp then args.fail("serve: " .. tostring(eng):gsub("^engine: ", ""), 1) end
   local server = require("tide.server")
   local api_key = o.api_key or os.getenv("TIDE_API_KEY")

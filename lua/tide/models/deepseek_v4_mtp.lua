@@ -14,10 +14,10 @@
 -- same points); X0 is the bf16 sum of the two projections.
 --
 -- Cache: the block's attention keeps its own paged cache (one layer, the
--- MTP's compress ratio), with one sequence per main sequence; the main and
--- the MTP caches roll back the same way (fork = snapshot, assign = restore).
--- The MTP cache holds only entries computed from the main model's hidden
--- states; recursive drafts run on a fork of it that is dropped afterwards.
+-- MTP's compress ratio), with one sequence per main sequence. It holds only
+-- entries computed from the main model's hidden states; recursive drafts run
+-- on a fork of it that is dropped afterwards. A rejected verify step rolls the
+-- main sequence back with Seq:truncate (tide_kvcache_seq_truncate).
 local tide = require("tide")
 local tffi = require("tide.ffi")
 local ffi, C, check = tffi.ffi, tffi.C, tffi.check
@@ -353,10 +353,10 @@ function Mtp:greedy(prompt, n, k, opts)
         -- tests replace the drafts (e.g. an oracle with chosen mistakes) to reach every path
         if opts.drafts then drafts = opts.drafts(#out, drafts, kk) end
         while #drafts > kk do drafts[#drafts] = nil end
-        -- 3. verify pending + drafts in one main step (a snapshot first)
+        -- 3. verify pending + drafts in one main step
         local vt = { pending }
         for j = 1, #drafts do vt[j + 1] = drafts[j] end
-        local snap = assert(seq:fork())
+        local p0 = seq:len()
         local rows = main_step(m, seq, vt, keepX, "all")
         local a = 0
         local n0 = #out
@@ -371,14 +371,10 @@ function Mtp:greedy(prompt, n, k, opts)
         stats.accepted = stats.accepted + a
         if policy then policy.observe(pstate, #drafts, a) end
         if a < #drafts then
-          -- 4. rejection: back to the snapshot, feed the accepted prefix again
-          seq:assign(snap)
-          local acc = {}
-          for j = 1, a + 1 do acc[j] = vt[j] end
-          local _, ferr = m:feed(seq, acc, { logits = false })
-          if ferr then snap:free() error("speculate: " .. ferr, 0) end
+          -- 4. rejection: roll the main cache back to the accepted prefix (pending + a drafts)
+          local okt, terr = seq:truncate(p0 + a + 1)
+          if not okt then error("speculate: " .. tostring(terr), 0) end
         end
-        snap:free()
         if not done then
           -- next catch-up: streams of pending, d1..da; their next tokens d1..da, corr
           cn = a + 1

@@ -282,6 +282,11 @@ function Srv:metrics_text()
   metric("tide_engine_tokens_total", "counter", "tokens run through the model (prefill and decode)", eng.stats.tokens)
   metric("tide_preemptions_total", "counter", "requests preempted (blocks released, recomputed later)",
     eng.stats.preemptions)
+  metric("tide_draft_tokens_total", "counter", "speculative decoding: tokens the MTP block drafted and those accepted",
+    eng.stats.drafted, '{state="drafted"}')
+  metric("tide_draft_tokens_total", "counter", nil, eng.stats.accepted, '{state="accepted"}')
+  metric("tide_draft_verify_steps_total", "counter", "speculative decoding: verify steps (pending token + drafts)",
+    eng.stats.spec_steps)
   metric("tide_cache_swa_blocks", "gauge", "sliding-window cache blocks", st.swa_blocks, '{state="total"}')
   metric("tide_cache_swa_blocks", "gauge", nil, st.swa_blocks - st.swa_free, '{state="used"}')
   metric("tide_cache_pages", "gauge", "compressed cache pages", st.pages, '{state="total"}')

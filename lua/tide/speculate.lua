@@ -1,0 +1,334 @@
+-- tide.speculate: speculative decoding inside the engine (tide.engine) with
+-- the checkpoint's MTP block (tide.models.deepseek_v4_mtp; docs/speculative.md).
+--
+-- A request submitted with draft = { max = k [, policy = "fixed" | "adaptive"
+-- | file path | module, opts = {...}] } (or draft = k) may draft up to k
+-- tokens at each decode step. Per step and request, its draft policy says how
+-- many (0..k; it sees the request's recent acceptance and the step's load).
+-- The drafts of every drafting request are made in batched MTP steps (one
+-- catch-up step, then one step per further draft depth, on forks of the MTP
+-- sequences); the main model verifies pending + drafts of every request in
+-- the engine's one model step, with every other request's tokens; each
+-- request's own sampler chain then picks its committed tokens from the verify
+-- rows in order, accepting drafts while the pick equals them, and the main
+-- sequence rolls back to the accepted prefix (tide_kvcache_seq_truncate).
+--
+-- Exactness: the chain sees, for every committed token, bitwise the row plain
+-- decoding computes (batch and chunk invariance), once and in order, so a
+-- request's tokens are the same bits as without drafting, for greedy and for
+-- any sampler and seed. The MTP cache holds only entries computed from the
+-- main model's residual streams of committed positions, so it too is what a
+-- never-drafting run would hold; a preempted request drops it and rebuilds it
+-- from the recomputed streams.
+local tide = require("tide")
+local tffi = require("tide.ffi")
+local C, check = tffi.C, tffi.check
+
+local M = {}
+
+local function is_int(x) return type(x) == "number" and x == math.floor(x) end
+
+-- A draft policy from a name (lua/tide/scheduler/draft/NAME.lua), a file path
+-- or a module table. Raises on misuse.
+function M.load_policy(p, level)
+  level = (level or 1) + 1
+  if p == nil then p = "fixed" end
+  local pol = p
+  if type(p) == "string" then
+    if p:find("/", 1, true) or p:match("%.lua$") then
+      local chunk, err = loadfile(p)
+      if not chunk then error("draft policy file " .. p .. ": " .. tostring(err), level) end
+      local ok, r = pcall(chunk)
+      if not ok then error("draft policy file " .. p .. " raised: " .. tostring(r), level) end
+      pol = r
+    else
+      if not p:match("^[%w_]+$") then error("bad draft policy name '" .. p .. "'", level) end
+      local ok, r = pcall(require, "tide.scheduler.draft." .. p)
+      if not ok then error("unknown draft policy '" .. p .. "' (built-in: fixed, adaptive; or a file path)", level) end
+      pol = r
+    end
+  end
+  if type(pol) ~= "table" or type(pol.new) ~= "function" or type(pol.draft) ~= "function"
+    or type(pol.observe) ~= "function" then
+    error("a draft policy is a table with new, draft and observe functions", level)
+  end
+  return pol
+end
+
+-- Parse a request's (or the engine's default) draft field into
+-- { max, policy, opts } or nil (no drafting). Raises on misuse.
+function M.parse(x, level)
+  level = (level or 1) + 1
+  if x == nil or x == false or x == 0 then return nil end
+  if is_int(x) then x = { max = x } end
+  if type(x) ~= "table" then error("draft must be a number or { max = k, policy = ... }", level) end
+  for k in pairs(x) do
+    if k ~= "max" and k ~= "policy" and k ~= "opts" then
+      error("draft: unknown field '" .. tostring(k) .. "'", level)
+    end
+  end
+  local k = x.max
+  if not is_int(k) or k < 0 or k > 16 then error("draft.max must be an integer in 0..16", level) end
+  if k == 0 then return nil end
+  return { max = k, policy = M.load_policy(x.policy, level), opts = x.opts }
+end
+
+-- The engine's MTP block (made on first use), or raises.
+local function block(eng)
+  if eng.mtp then return eng.mtp end
+  -- its own one-layer cache: a sequence and a drafting fork per request, each with its window
+  local cc = eng.model.cache_cfg
+  local co = { swa_block = cc.swa_block, page_tokens = cc.page_tokens, pages = cc.pages, max_seqs = 2 * cc.max_seqs }
+  local d, err = require("tide.models.deepseek_v4_mtp").new(eng.model, { cache = co })
+  if not d then error("draft: " .. tostring(err), 0) end
+  eng.mtp = d
+  return d
+end
+
+-- Per-request state: r.spec.
+function M.attach(eng, r, cfg)
+  block(eng)
+  local net = eng.model.net
+  r.spec = {
+    max = cfg.max, policy = cfg.policy, pstate = cfg.policy.new(cfg.opts),
+    mseq = nil,                        -- MTP sequence (nil until first needed / after preemption)
+    X = tide.zeros({ 16, net.hc, net.d }), cn = 0,   -- main streams waiting for the MTP catch-up
+    steps = 0, drafted = 0, accepted = 0, verify_tokens = 0,
+  }
+end
+
+-- Drop the request's MTP state (preemption: rebuilt from the recomputed streams; end: freed).
+function M.reset(eng, r)
+  local s = r.spec
+  if not s then return end
+  if s.mseq then eng.mtp:free(s.mseq) end
+  s.mseq, s.cn = nil, 0
+end
+
+-- Streams [n, hc, d] of positions computed .. computed+n-1 join the catch-up rows.
+local function keep_rows(s, X, n)
+  if s.cn + n > s.X:size(0) then
+    local cap = s.X:size(0)
+    while cap < s.cn + n do cap = cap * 2 end
+    local big = tide.zeros({ cap, s.X:size(1), s.X:size(2) })
+    if s.cn > 0 then check(C.tide_tensor_copy(big:narrow(0, 0, s.cn), s.X:narrow(0, 0, s.cn))) end
+    s.X = big
+  end
+  check(C.tide_tensor_copy(s.X:narrow(0, s.cn, n), X))
+  s.cn = s.cn + n
+end
+
+-- The MTP catch-up entry of request r (rows first..first+n-1 of its waiting
+-- streams; their next tokens are known: r.tokens). Position of row i: the MTP
+-- sequence's length + i.
+local function catchup_entry(eng, r, first, n, logits)
+  local s = r.spec
+  local base = eng.mtp:len(s.mseq) - first
+  local toks = {}
+  for i = first, first + n - 1 do toks[#toks + 1] = r.tokens[base + i + 2] end
+  return { seq = s.mseq, hidden = s.X:narrow(0, first, n), tokens = toks, logits = logits }
+end
+
+-- Bring r's MTP sequence up to all but `keep` of its waiting rows, in steps
+-- of at most max_tokens (no logits).
+local function flush(eng, r, keep)
+  local s = r.spec
+  local mt = eng.model.max_tokens
+  local done = 0
+  while s.cn - done - keep > 0 do
+    local n = math.min(mt, s.cn - done - keep)
+    local ok = eng.mtp:step({ catchup_entry(eng, r, done, n, false) })
+    if not ok then return nil end   -- the MTP cache is full
+    done = done + n
+  end
+  if done > 0 then
+    local rest = s.cn - done
+    if rest > 0 then
+      local tmp = tide.zeros({ rest, s.X:size(1), s.X:size(2) })
+      check(C.tide_tensor_copy(tmp, s.X:narrow(0, done, rest)))
+      check(C.tide_tensor_copy(s.X:narrow(0, 0, rest), tmp))
+    end
+    s.cn = rest
+  end
+  return true
+end
+
+-- Before the step: decide and make the drafts. entries: the engine's { r, n }
+-- list (n may grow by the drafts). Sets e.drafts for drafting decode entries.
+-- `fits(entries)` checks the cache. A draft policy that raises ends only its
+-- request (ended: list of requests to finish with their message).
+function M.plan(eng, entries, fits)
+  local load, used = #entries, 0
+  for _, e in ipairs(entries) do used = used + e.n end
+  local room = eng.budget - used
+  local want, ended = {}, {}
+  for _, e in ipairs(entries) do
+    local r = e.r
+    local s = r.spec
+    if s and e.n == 1 and #r.generated > 0 and r.computed + 1 == #r.tokens then
+      local lim = math.min(s.max, r.max_tokens - #r.generated - 1, room, eng.model.max_tokens - 1)
+      if eng.model.max_positions then lim = math.min(lim, eng.model.max_positions - #r.tokens - 1) end
+      if lim > 0 then
+        local ok, k = pcall(s.policy.draft, s.pstate,
+          { max = lim, steps = s.steps, rate = s.pstate.rate, load = load })
+        if not ok then
+          ended[#ended + 1] = { r, "draft policy: " .. tostring(k) }
+        elseif not is_int(k) or k < 0 then
+          ended[#ended + 1] = { r, "draft policy: draft() returned " .. tostring(k) .. ", not an integer >= 0" }
+        elseif k > 0 then
+          k = math.min(k, lim)
+          want[#want + 1] = { e = e, k = k }
+          room = room - k
+        end
+      end
+    end
+  end
+  if #want == 0 then return ended end
+  -- the drafts must fit the cache too; if not, nobody drafts this step
+  for _, w in ipairs(want) do w.e.n = 1 + w.k end
+  if not fits(entries) then
+    for _, w in ipairs(want) do w.e.n = 1 end
+    return ended
+  end
+  for _, w in ipairs(want) do w.e.n = 1 end
+  local d = eng.mtp
+  -- 1. catch-up: every drafting request's waiting streams; the last row drafts d1
+  local batch, ready = {}, {}
+  for _, w in ipairs(want) do
+    local s = w.e.r.spec
+    if not s.mseq then s.mseq = d:sequence() end   -- nil: no free MTP slot, no drafts this step
+    if s.mseq then ready[#ready + 1] = w end
+  end
+  want = ready
+  if #want == 0 then return ended end
+  local share = math.max(1, math.floor(eng.model.max_tokens / #want))
+  for _, w in ipairs(want) do
+    local r = w.e.r
+    -- long waits (a prompt) run ahead without logits
+    if not flush(eng, r, math.min(r.spec.cn, share)) then return ended end
+    batch[#batch + 1] = catchup_entry(eng, r, 0, r.spec.cn, "last")
+  end
+  local res = d:step(batch)
+  if not res then return ended end   -- the MTP cache is full: no drafts this step
+  for i, w in ipairs(want) do
+    w.drafts = { res[i]:argmax() }
+    w.h = d.out:narrow(0, d.first[i] + batch[i].hidden:size(0) - 1, 1):clone()
+    w.e.r.spec.cn = 0
+  end
+  -- 2. further drafts on forks of the MTP sequences (dropped after)
+  local deeper = {}
+  for _, w in ipairs(want) do if w.k > 1 then deeper[#deeper + 1] = w end end
+  if #deeper > 0 then
+    for _, w in ipairs(deeper) do
+      w.fork = d:fork(w.e.r.spec.mseq)
+      if not w.fork then w.k = 1 end   -- no free MTP slot: one draft
+    end
+    local ok, err = pcall(function()
+      for j = 2, eng.budget do
+        local b, who = {}, {}
+        for _, w in ipairs(deeper) do
+          if w.k >= j and w.fork then
+            b[#b + 1] = { seq = w.fork, hidden = w.h, tokens = { w.drafts[j - 1] }, logits = "last" }
+            who[#who + 1] = w
+          end
+        end
+        if #b == 0 then break end
+        local rr = d:step(b)
+        for i, w in ipairs(who) do
+          w.drafts[j] = rr[i]:argmax()
+          check(C.tide_tensor_copy(w.h, d.out:narrow(0, d.first[i], 1)))
+        end
+      end
+    end)
+    for _, w in ipairs(deeper) do
+      if w.fork then d:free(w.fork) end
+      w.fork = nil
+    end
+    if not ok then error(err, 0) end
+  end
+  for _, w in ipairs(want) do
+    w.e.drafts = w.drafts
+    w.e.n = 1 + #w.drafts
+  end
+  return ended
+end
+
+-- The model-step entry of a drafting request: pending + drafts, every row's logits.
+function M.entry(e)
+  local r = e.r
+  local toks = { r.tokens[#r.tokens] }
+  for j, t in ipairs(e.drafts) do toks[j + 1] = t end
+  return { seq = r.seq, tokens = toks, n = #toks, logits = "all", probes = r.probes }
+end
+
+-- after_forward of the step: the main streams of every speculating request's
+-- rows join its catch-up rows (drafting entries: all rows for now; the
+-- rejected ones are dropped in commit).
+-- (st.entries are the step's entries, each with .eng = the engine entry; a
+-- step the model runs again without failed entries calls this again.)
+function M.capture(st)
+  for i, me in ipairs(st.entries) do
+    local e = me.eng
+    local s = e and e.r.spec
+    if s then
+      if e.cn0 then s.cn = e.cn0 else e.cn0 = s.cn end
+      local sp = st.spans[i]
+      keep_rows(s, st.v.X:narrow(0, sp.first, sp.n), sp.n)
+    end
+  end
+end
+
+-- After the step, for a drafting entry: the request's chain picks the
+-- committed tokens from the verify rows in order (sample(r, row) -> the token
+-- or nil when the request ended); the sequence rolls back to the accepted
+-- prefix. Returns the number of tokens committed.
+function M.commit(eng, e, rows, sample)
+  local r = e.r
+  local s = r.spec
+  local k = #e.drafts
+  local p0 = r.computed   -- the engine leaves it to this function
+  local a, n = 0, 0
+  while true do
+    local tok = sample(eng, r, rows[a])
+    if tok == nil then break end
+    n = n + 1
+    if a < k and tok == e.drafts[a + 1] and r.status == "running" then a = a + 1 else break end
+  end
+  s.steps = s.steps + 1
+  s.drafted = s.drafted + k
+  s.accepted = s.accepted + a
+  s.verify_tokens = s.verify_tokens + n
+  eng.stats.drafted = eng.stats.drafted + k
+  eng.stats.accepted = eng.stats.accepted + a
+  eng.stats.spec_steps = eng.stats.spec_steps + 1
+  if r.status == "running" then
+    -- keep the streams of the accepted rows only (pending, d1..da)
+    s.cn = e.cn0 + a + 1
+    if a < k then
+      local ok, err = r.seq:truncate(p0 + a + 1)
+      if not ok then
+        -- cannot roll back (should not happen): recompute from scratch, exact anyway
+        eng.stats.spec_fallbacks = (eng.stats.spec_fallbacks or 0) + 1
+        r.spec_fallback = err
+        eng:_preempt(r)
+        return n
+      end
+    end
+    r.computed = p0 + a + 1
+    r.swa_held, r.pages_held = r.seq:usage()
+    local ok, err = pcall(s.policy.observe, s.pstate, k, a)
+    if not ok then eng:_finish(r, "error", "draft policy: " .. tostring(err)) end
+  end
+  return n
+end
+
+-- The request's speculation figures (nil without drafting).
+function M.report(r)
+  local s = r.spec
+  if not s then return nil end
+  return { max = s.max, policy = s.policy.name, steps = s.steps, drafted = s.drafted, accepted = s.accepted,
+    acceptance = s.drafted > 0 and s.accepted / s.drafted or nil,
+    tokens_per_step = s.steps > 0 and s.verify_tokens / s.steps or nil }
+end
+
+return M

@@ -1,0 +1,127 @@
+-- Speculative decoding inside the engine (tide.speculate, docs/speculative.md)
+-- on the trained model (its MTP block was trained, so drafts are accepted
+-- and rejected): every request's tokens, logprobs and finish reason are the
+-- same bits with and without drafting, at every k, greedy and sampled, alone
+-- and 6 at a time, under preemption in a tiny cache; a draft policy that
+-- raises ends only its request; the figures reach the results and the stats.
+local tide = require("tide")
+
+local DIR = os.getenv("TIDE_TRAINED_MODEL") or "models/tide-tiny-en"
+
+local big = assert(tide.model(DIR, { max_tokens = 32, cache = { context = 512, max_seqs = 8 } }))
+local small = assert(tide.model(DIR, { max_tokens = 32,
+  cache = { swa_block = 16, page_tokens = 128, swa_blocks = 20, pages = 6, max_seqs = 8 } }))
+
+local PROMPTS = { "And the king said unto", "In the beginning God created the heaven", "A fool and his money",
+  "The LORD is my shepherd; I shall not want.", "Blessed are the meek:", "And it came to pass, when" }
+
+local function requests(extra)
+  local out = {}
+  for i, p in ipairs(PROMPTS) do
+    out[i] = { prompt = p, max_tokens = 20 + 3 * i, seed = 10 + i, logprobs = 2,
+      sampler = (i % 2 == 0) and { temp = 0 } or { temp = 0.8, top_k = 40 } }
+    for k, v in pairs(extra or {}) do out[i][k] = v end
+  end
+  return out
+end
+
+local function run(model, opts, specs)
+  local st0 = model:cache_stats()
+  local eng = tide.engine(model, opts)
+  local hs = {}
+  for i, s in ipairs(specs) do hs[i] = assert(eng:submit(s)) end
+  eng:run()
+  local st = model:cache_stats()
+  assert.equals(st0.swa_free, st.swa_free, "SWA blocks returned")
+  assert.equals(st0.pages_free, st.pages_free, "pages returned")
+  assert.equals(st0.seqs, st.seqs, "sequences freed")
+  local res = {}
+  for i, h in ipairs(hs) do res[i] = h:result() end
+  return res, eng
+end
+
+local function same(a, b, what)
+  assert.same(a.tokens, b.tokens, what .. ": ids differ")
+  assert.equals(a.finish_reason, b.finish_reason, what)
+  assert.equals(#a.logprobs, #b.logprobs, what)
+  for k = 1, #a.logprobs do
+    assert.equals(a.logprobs[k].raw_logprob, b.logprobs[k].raw_logprob, what .. ": logprob of token " .. k)
+  end
+end
+
+describe("speculative decoding in the engine", function()
+  local BASE = run(big, { budget = 32 }, requests())
+
+  it("gives the same bits at every draft length, alone and batched, greedy and sampled", function()
+    local acc, drafted = 0, 0
+    for _, k in ipairs({ 1, 2, 3, 4 }) do
+      local res, eng = run(big, { budget = 32 }, requests({ draft = k }))
+      for i = 1, #PROMPTS do same(res[i], BASE[i], "k = " .. k .. " request " .. i) end
+      local rep = eng:report()
+      acc, drafted = acc + rep.accepted, drafted + rep.drafted
+      assert.is_true(rep.drafted > 0 and rep.spec_steps > 0)
+      for i = 1, #PROMPTS do
+        local sp = res[i].speculation
+        assert.equals(k, sp.max)
+        assert.is_true(sp.drafted >= sp.accepted and sp.steps > 0)
+        assert.is_true(sp.tokens_per_step >= 1 and sp.tokens_per_step <= k + 1)
+      end
+    end
+    assert.is_true(acc > 0 and acc < drafted, "accepted " .. acc .. " of " .. drafted)
+    -- alone (one request per engine), with the adaptive policy
+    for i = 1, 3 do
+      local res = run(big, { budget = 32 }, { requests({ draft = { max = 3, policy = "adaptive" } })[i] })
+      same(res[1], BASE[i], "alone, adaptive, request " .. i)
+    end
+    -- an engine-wide default, overridden per request
+    local specs = requests()
+    specs[2].draft = 0
+    local res = run(big, { budget = 32, draft = 2 }, specs)
+    for i = 1, #PROMPTS do same(res[i], BASE[i], "engine default, request " .. i) end
+    assert.is_nil(res[2].speculation)
+    assert.equals(2, res[1].speculation.max)
+  end)
+
+  it("preemption in a tiny cache changes nothing", function()
+    -- four requests past the window (9 blocks of 16 each); the cache holds two
+    local function long(extra)
+      local out = {}
+      for i = 1, 4 do
+        out[i] = { prompt = PROMPTS[i] .. " " .. PROMPTS[i + 1], max_tokens = 120, seed = i, logprobs = 1,
+          ignore_eos = true, sampler = (i % 2 == 0) and { temp = 0 } or { temp = 0.8 } }
+        for k, v in pairs(extra or {}) do out[i][k] = v end
+      end
+      return out
+    end
+    local LB = run(big, { budget = 32 }, long())
+    local res, eng = run(small, { budget = 16, policy = "fair" }, long({ draft = 3 }))
+    local rep = eng:report()
+    assert.is_true(rep.preemptions >= 2, "only " .. rep.preemptions .. " preemptions")
+    assert.is_true(rep.accepted > 0)
+    for i = 1, 4 do same(res[i], LB[i], "tiny cache, k = 3, request " .. i) end
+  end)
+
+  it("a draft policy that raises ends only its request", function()
+    local n = 0
+    local bad = { name = "bad", new = function() return {} end, observe = function() end,
+      draft = function() n = n + 1 if n > 3 then error("no more drafts") end return 2 end }
+    local badobs = { name = "badobs", new = function() return {} end, draft = function() return 1 end,
+      observe = function() error("cannot observe") end }
+    local specs = requests({ draft = 2 })
+    specs[3].draft = { max = 2, policy = bad }
+    specs[5].draft = { max = 2, policy = badobs }
+    local res = run(big, { budget = 32 }, specs)
+    assert.equals("error", res[3].status)
+    assert.matches("draft policy: .*no more drafts", res[3].error)
+    assert.equals("error", res[5].status)
+    assert.matches("draft policy: .*cannot observe", res[5].error)
+    for _, i in ipairs({ 1, 2, 4, 6 }) do same(res[i], BASE[i], "neighbour " .. i) end
+    -- tokens before the failure are the plain ones
+    for j, t in ipairs(res[3].tokens) do assert.equals(BASE[3].tokens[j], t) end
+    -- misuse is refused at submit
+    local eng = tide.engine(big, {})
+    assert.has_error(function() eng:submit{ prompt = "x", draft = -1 } end)
+    assert.has_error(function() eng:submit{ prompt = "x", draft = { max = 2, policy = "nope" } } end)
+    assert.has_error(function() eng:submit{ prompt = "x", draft = { max = 2, extra = 1 } } end)
+  end)
+end)
