@@ -133,8 +133,10 @@ end
 --            integer products with the e2m1 codes;
 --   dense    the attention projections (wq_a, wkv, wq_b, wo_a, wo_b) and the
 --            shared expert: an int8 copy of each weight made at load (per 64
---            columns), int8 x int8 products.
--- The router gate, the compressors, the indexer and the head stay exact.
+--            columns), int8 x int8 products;
+--   all      both, and the LM head the same way as dense.
+-- The router gate, the compressors, the indexer and the MTP projections stay
+-- exact.
 -- Returns the linear policies of the routed experts and of the dense part.
 local Q8_MODES = { off = { 0, 0 }, experts = { 2, 0 }, dense = { 0, 2 }, all = { 2, 2 } }
 function M.q8_policies(opts)
@@ -280,6 +282,7 @@ function M.new(ck, opts)
   local cfg = ck.config
   local net = setmetatable({ ck = ck, cfg = cfg, opts = opts }, Net)
   net.experts_policy, net.dense_policy, net.q8 = M.q8_policies(opts)
+  net.head_policy = net.q8 == "all" and 2 or 0
   net.d, net.hc, net.H = cfg.hidden_size, cfg.hc_mult, cfg.num_attention_heads
   net.n_layers = cfg.num_hidden_layers
   net.vocab = cfg.vocab_size
@@ -302,6 +305,7 @@ function M.new(ck, opts)
   net.hc_head_fn, net.hc_head_base, net.hc_head_scale = vec(ck, "hc_head_fn"), vec(ck, "hc_head_base"),
     vec(ck, "hc_head_scale")
   net.head = linear(ck, "head")
+  if net.head_policy ~= 0 then check(C.tide_linear_set_policy(net.head, net.head_policy), 2) end
   net.layers = {}
   local progress = opts.progress
   for L = 0, net.n_layers - 1 do
