@@ -168,9 +168,10 @@ function M.plan(eng, entries, fits)
     if s and e.n == 1 and #r.generated > 0 and r.computed + 1 == #r.tokens then
       local lim = math.min(s.max, r.max_tokens - #r.generated - 1, room, eng.model.max_tokens - 1)
       if eng.model.max_positions then lim = math.min(lim, eng.model.max_positions - #r.tokens - 1) end
+      e.decode = true
       if lim > 0 then
         local ok, k = pcall(s.policy.draft, s.pstate,
-          { max = lim, steps = s.steps, rate = s.pstate.rate, load = load })
+          { max = lim, steps = s.steps, rate = s.pstate.rate, load = load, cost = eng.spec_cost_fn })
         if not ok then
           ended[#ended + 1] = { r, "draft policy: " .. tostring(k) }
         elseif not is_int(k) or k < 0 then
@@ -251,6 +252,36 @@ function M.plan(eng, entries, fits)
     w.e.n = 1 + #w.drafts
   end
   return ended
+end
+
+-- What steps cost, measured on steps that run one decoding request alone:
+-- a plain one-token step (t1) and a step drafting k tokens (MTP drafting and
+-- the verify), as exponential averages. cost(k) = that step / t1, or from the
+-- nearest measured k by a straight line through (0, 1); nil before t1.
+local function ema(old, x) return old and (0.8 * old + 0.2 * x) or x end
+
+function M.measure(eng, entries, t_model, t_draft)
+  if #entries ~= 1 or not entries[1].decode then return end
+  local c = eng.spec_cost
+  if not c then
+    c = { k = {} }
+    eng.spec_cost = c
+    eng.spec_cost_fn = function(k)
+      if not c.t1 then return nil end
+      if c.k[k] then return c.k[k] / c.t1 end
+      local near
+      for j in pairs(c.k) do if not near or math.abs(j - k) < math.abs(near - k) then near = j end end
+      if not near then return nil end
+      return 1 + (c.k[near] / c.t1 - 1) * k / near
+    end
+  end
+  local e = entries[1]
+  if e.drafts then
+    local k = #e.drafts
+    c.k[k] = ema(c.k[k], t_model + t_draft)
+  else
+    c.t1 = ema(c.t1, t_model)
+  end
 end
 
 -- The model-step entry of a drafting request: pending + drafts, every row's logits.
