@@ -561,13 +561,13 @@ function Engine:step()
     end
   end
   -- speculation: drafting requests verify pending + drafts (tide.speculate)
-  local spec, sopts, t_draft
+  local spec, sopts, cpu0
   for _, e in ipairs(entries) do if e.r.spec then spec = require("tide.speculate") break end end
   if spec then
     local td = now()
+    cpu0 = os.clock()
     local ended = spec.plan(self, entries, function(es) return self:_fits(es) end)
-    t_draft = now() - td
-    self.stats.t_draft = self.stats.t_draft + t_draft
+    self.stats.t_draft = self.stats.t_draft + (now() - td)
     for _, x in ipairs(ended) do
       for i, e in ipairs(entries) do
         if e.r == x[1] then table.remove(entries, i) break end
@@ -602,7 +602,7 @@ function Engine:step()
     self:_make_room(entries, 1)
   end
   local t1 = now()
-  if spec then spec.measure(self, entries, t_model, t_draft) end
+  if spec then spec.measure(self, entries, os.clock() - cpu0) end
   -- a request whose probe failed did not run: it ends with the error
   local failed = res.errors
   if failed then

@@ -131,6 +131,33 @@ describe("speculative decoding in the engine", function()
     ef:close()
   end)
 
+  it("a long stretch without drafts keeps one window of streams; the drafts after it are the same bits", function()
+    -- drafts only after 165 steps: the kept streams pass the window and the MTP sequence restarts
+    -- there, unless the engine is told to keep everything; acceptance counts tell the drafts apart
+    local late = { name = "late", new = function() return { n = 0 } end, observe = function() end,
+      draft = function(st) st.n = st.n + 1 return (st.n > 165 and st.n % 3 == 0) and 2 or 0 end }
+    local function go(keep_all)
+      local eng = tide.engine(big, { budget = 32 })
+      local hs = {}
+      for i = 1, 2 do
+        hs[i] = eng:submit{ prompt = PROMPTS[i], max_tokens = 200, seed = i, ignore_eos = true,
+          sampler = { temp = i == 1 and 0 or 0.8 }, draft = { max = 2, policy = late } }
+      end
+      if keep_all then eng.mtp_window = 1e9 end
+      eng:run()
+      local out = {}
+      for i, h in ipairs(hs) do out[i] = h:result() end
+      return out
+    end
+    local a, b = go(false), go(true)
+    for i = 1, 2 do
+      assert.same(a[i].tokens, b[i].tokens)
+      assert.is_true(a[i].speculation.drafted > 10)
+      assert.equals(b[i].speculation.drafted, a[i].speculation.drafted)
+      assert.equals(b[i].speculation.accepted, a[i].speculation.accepted)
+    end
+  end)
+
   it("a draft policy that raises ends only its request", function()
     local n = 0
     local bad = { name = "bad", new = function() return {} end, observe = function() end,
