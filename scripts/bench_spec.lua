@@ -5,7 +5,9 @@
 -- prefill of the short prompts included), the acceptance rate and the tokens
 -- committed per verify step. Every configuration must give the same tokens
 -- as speculation off (checked). Rounds are interleaved; medians are printed.
---   tide scripts/bench_spec.lua [--model DIR] [--tokens N] [--rounds R] [--threads T]
+-- --cpu times with the process's CPU time instead of the wall clock (with
+-- one thread, steadier on a machine shared with other jobs).
+--   tide scripts/bench_spec.lua [--model DIR] [--tokens N] [--rounds R] [--threads T] [--cpu]
 -- --cost instead times the verify side: one main-model step of n = 1..5
 -- tokens of one sequence (at a context of --context positions) and one
 -- MTP-block step, as multiples of the 1-token step; on the bench checkpoint
@@ -14,7 +16,7 @@
 -- The machine may be shared: expect +-20% on the rates.
 local tide = require("tide")
 
-local dir, n, rounds, threads, cost, ctx = nil, 64, 3, 1, false, 512
+local dir, n, rounds, threads, cost, ctx, clock = nil, 64, 3, 1, false, 512, tide.time
 local i = 1
 while arg and arg[i] do
   local a = arg[i]
@@ -24,6 +26,7 @@ while arg and arg[i] do
   elseif a == "--threads" then i = i + 1; threads = tonumber(arg[i])
   elseif a == "--context" then i = i + 1; ctx = tonumber(arg[i])
   elseif a == "--cost" then cost = true
+  elseif a == "--cpu" then clock = os.clock
   else error("bench_spec: unknown argument " .. a) end
   i = i + 1
 end
@@ -57,10 +60,10 @@ if cost then
     for j = 1, nn do vt[j] = (j * 31) % m.vocab_size end
     for r = 1, reps do
       local p0 = seq:len()
-      local t0 = tide.time()
+      local t0 = clock()
       assert(m:step({ { seq = seq, tokens = vt, logits = "all" } }, { after_forward = function(st)
         C.tide_tensor_copy(keep:narrow(0, 0, nn), st.v.X:narrow(0, 0, nn)) end }))
-      xs[r] = tide.time() - t0
+      xs[r] = clock() - t0
       assert(seq:truncate(p0))
     end
     t[nn] = median(xs)
@@ -70,13 +73,14 @@ if cost then
   local xs = {}
   for r = 1, reps do
     local f = d:fork(ms)
-    local t0 = tide.time()
+    local t0 = clock()
     d:step({ { seq = f, hidden = h, tokens = { 5 }, logits = "last" } })
-    xs[r] = tide.time() - t0
+    xs[r] = clock() - t0
     d:free(f)
   end
   local tm = median(xs)
-  print(string.format("model %s, context %d, %d thread(s), median of %d", dir, ctx, threads, reps))
+  print(string.format("model %s, context %d, %d thread(s), median of %d, %s time", dir, ctx, threads, reps,
+    clock == os.clock and "CPU" or "wall"))
   print("| step | ms | x 1-token step |")
   print("|---|---:|---:|")
   for nn = 1, 5 do
@@ -105,9 +109,9 @@ local function run(draft, temp, conc)
       hs[j] = assert(eng:submit{ prompt = PROMPTS[j], max_tokens = n, seed = j, ignore_eos = true,
         sampler = { temp = temp }, draft = draft })
     end
-    local t0 = tide.time()
+    local t0 = clock()
     eng:run()
-    t = t + (tide.time() - t0)
+    t = t + (clock() - t0)
     for j, h in pairs(hs) do
       local r = h:result()
       assert(r.status == "done", tostring(r.error))
@@ -126,8 +130,8 @@ end
 local CONFIGS = { { "off", nil }, { "1", 1 }, { "2", 2 }, { "3", 3 }, { "4", 4 },
   { "adaptive (4)", { max = 4, policy = "adaptive" } } }
 run(2, 0, 8) -- warm-up
-print(string.format("model %s, %d tokens per request, %d thread(s), median of %d interleaved rounds", dir, n, threads,
-  rounds))
+print(string.format("model %s, %d tokens per request, %d thread(s), median of %d interleaved rounds, %s time", dir, n,
+  threads, rounds, clock == os.clock and "CPU" or "wall"))
 print("| sampling | requests | draft k | tokens/s | x off | acceptance | tokens/verify step |")
 print("|---|---|---|---:|---:|---:|---:|")
 for _, temp in ipairs({ 0, 0.8 }) do

@@ -561,10 +561,11 @@ function Engine:step()
     end
   end
   -- speculation: drafting requests verify pending + drafts (tide.speculate)
-  local spec, sopts
+  local spec, sopts, cpu0
   for _, e in ipairs(entries) do if e.r.spec then spec = require("tide.speculate") break end end
   if spec then
     local td = now()
+    cpu0 = os.clock()
     local ended = spec.plan(self, entries, function(es) return self:_fits(es) end)
     self.stats.t_draft = self.stats.t_draft + (now() - td)
     for _, x in ipairs(ended) do
@@ -601,6 +602,7 @@ function Engine:step()
     self:_make_room(entries, 1)
   end
   local t1 = now()
+  if spec then spec.measure(self, entries, os.clock() - cpu0) end
   -- a request whose probe failed did not run: it ends with the error
   local failed = res.errors
   if failed then

@@ -26,6 +26,8 @@ local C, check = tffi.C, tffi.check
 
 local M = {}
 
+local new_mseq   -- (below)
+
 local function is_int(x) return type(x) == "number" and x == math.floor(x) end
 
 -- A draft policy from a name (lua/tide/scheduler/draft/NAME.lua), a file path
@@ -82,6 +84,7 @@ local function block(eng)
   local d, err = require("tide.models.deepseek_v4_mtp").new(eng.model, { cache = co })
   if not d then error("draft: " .. tostring(err), 0) end
   eng.mtp = d
+  eng.mtp_window = tonumber(cc.window)
   return d
 end
 
@@ -102,7 +105,7 @@ function M.reset(eng, r)
   local s = r.spec
   if not s then return end
   if s.mseq then eng.mtp:free(s.mseq) end
-  s.mseq, s.cn = nil, 0
+  s.mseq, s.cn, s.base = nil, 0, nil
 end
 
 -- Streams [n, hc, d] of positions computed .. computed+n-1 join the catch-up rows.
@@ -153,6 +156,17 @@ local function flush(eng, r, keep)
   return true
 end
 
+-- A new MTP sequence for s, starting at s.base (the first position whose
+-- streams are kept; earlier positions are empty and never attended), or nil.
+function new_mseq(eng, s)
+  local id = eng.mtp:sequence()
+  if id and (s.base or 0) > 0 and C.tide_kvcache_seq_set_length(eng.mtp.cache, id, s.base) < 0 then
+    eng.mtp:free(id)
+    return nil
+  end
+  return id
+end
+
 -- Before the step: decide and make the drafts. entries: the engine's { r, n }
 -- list (n may grow by the drafts). Sets e.drafts for drafting decode entries.
 -- `fits(entries)` checks the cache. A draft policy that raises ends only its
@@ -165,12 +179,32 @@ function M.plan(eng, entries, fits)
   for _, e in ipairs(entries) do
     local r = e.r
     local s = r.spec
+    if s and r.seq and s.cn >= eng.model.max_tokens + eng.mtp_window then
+      if eng.mtp.ratio == 1 then
+        -- a long wait without drafts (a prompt, or a policy drafting nothing): keep only the last
+        -- window's streams and drop the MTP sequence. Its entries are per-position functions of
+        -- these streams, and a draft attends only to the window before it, so restarting the MTP
+        -- sequence there (positions before it empty) gives the same drafts, bit for bit.
+        if s.mseq then eng.mtp:free(s.mseq) s.mseq = nil end
+        local W = eng.mtp_window
+        local tmp = tide.zeros({ W, s.X:size(1), s.X:size(2) })
+        check(C.tide_tensor_copy(tmp, s.X:narrow(0, s.cn - W, W)))
+        check(C.tide_tensor_copy(s.X:narrow(0, 0, W), tmp))
+        s.base = r.computed - W
+        s.cn = W
+      else
+        -- a compressed MTP layer needs every entry: catch up now (every kept row's next token is known)
+        s.mseq = s.mseq or new_mseq(eng, s)
+        if s.mseq then flush(eng, r, 0) end
+      end
+    end
     if s and e.n == 1 and #r.generated > 0 and r.computed + 1 == #r.tokens then
       local lim = math.min(s.max, r.max_tokens - #r.generated - 1, room, eng.model.max_tokens - 1)
       if eng.model.max_positions then lim = math.min(lim, eng.model.max_positions - #r.tokens - 1) end
+      e.decode = true
       if lim > 0 then
         local ok, k = pcall(s.policy.draft, s.pstate,
-          { max = lim, steps = s.steps, rate = s.pstate.rate, load = load })
+          { max = lim, steps = s.steps, rate = s.pstate.rate, load = load, cost = eng.spec_cost_fn })
         if not ok then
           ended[#ended + 1] = { r, "draft policy: " .. tostring(k) }
         elseif not is_int(k) or k < 0 then
@@ -196,7 +230,7 @@ function M.plan(eng, entries, fits)
   local batch, ready = {}, {}
   for _, w in ipairs(want) do
     local s = w.e.r.spec
-    if not s.mseq then s.mseq = d:sequence() end   -- nil: no free MTP slot, no drafts this step
+    if not s.mseq then s.mseq = new_mseq(eng, s) end   -- nil: no free MTP slot, no drafts this step
     if s.mseq then ready[#ready + 1] = w end
   end
   want = ready
@@ -251,6 +285,37 @@ function M.plan(eng, entries, fits)
     w.e.n = 1 + #w.drafts
   end
   return ended
+end
+
+-- What steps cost, measured on steps that run one decoding request alone, in
+-- process CPU time (steadier than the wall clock on a shared machine): a
+-- plain one-token step (t1) and a step drafting k tokens (MTP drafting and
+-- the verify), as exponential averages. cost(k) = that step / t1, or from the
+-- nearest measured k by a straight line through (0, 1); nil before t1.
+local function ema(old, x) return old and (0.8 * old + 0.2 * x) or x end
+
+function M.measure(eng, entries, t)
+  if #entries ~= 1 or not entries[1].decode then return end
+  local c = eng.spec_cost
+  if not c then
+    c = { k = {} }
+    eng.spec_cost = c
+    eng.spec_cost_fn = function(k)
+      if not c.t1 then return nil end
+      if c.k[k] then return c.k[k] / c.t1 end
+      local near
+      for j in pairs(c.k) do if not near or math.abs(j - k) < math.abs(near - k) then near = j end end
+      if not near then return nil end
+      return 1 + (c.k[near] / c.t1 - 1) * k / near
+    end
+  end
+  local e = entries[1]
+  if e.drafts then
+    local k = #e.drafts
+    c.k[k] = ema(c.k[k], t)
+  else
+    c.t1 = ema(c.t1, t)
+  end
 end
 
 -- The model-step entry of a drafting request: pending + drafts, every row's logits.

@@ -177,39 +177,41 @@ describe("the MTP block", function()
   end)
 
   it("the rejection rule samples the main model's distribution (chi-square), the drafts alone do not", function()
-    local temp, R = 0.7, 300
+    -- the rule on the real rows of one position: p = the main model's row
+    -- after P, t1; q = the MTP block's row for the same token (drafted from
+    -- the main streams of P); 4000 draws of draft + accept/resample
+    local temp, R = 0.7, 4000
     local P = tm.tokens(5, V, 21)
     local t1 = 17
     local all = {}
     for i, t in ipairs(P) do all[i] = t end
     all[#all + 1] = t1
-    -- the exact distribution of the token after P, t1 at this temperature
-    local row = m:logits(all)[#all - 1]
+    local prow = m:logits(all)[#all - 1]:clone()
+    local X = tide.zeros({ #P, hc, dim })
+    local s = assert(m:sequence())
+    assert(m:step({ { seq = s, tokens = P, logits = false } },
+      { after_forward = function(st) C.tide_tensor_copy(X, st.v.X) end }))
+    s:free()
+    local ms = assert(d:sequence())
+    local nxt = {}
+    for i = 2, #all do nxt[#nxt + 1] = all[i] end
+    local qrow = d:step({ { seq = ms, hidden = X, tokens = nxt, logits = "last" } })[1]:clone()
+    d:free(ms)
+    -- the exact distribution at this temperature
     local cb = ffi.new("tide_cands*[1]")
     assert(C.tide_cands_new(cb, V) == 0)
     local c = ffi.gc(cb[0], C.tide_cands_free)
-    assert(C.tide_cands_load(c, row, 0) == 0 and C.tide_cands_temperature(c, temp) == 0)
+    assert(C.tide_cands_load(c, prow, 0) == 0 and C.tide_cands_temperature(c, temp) == 0)
     assert(C.tide_cands_softmax(c) == 0)
     local p = {}
     for i = 0, V - 1 do p[c.id[i]] = c.p[i] end
     local got, drafted = {}, {}
-    local rejected = 0
-    for seed = 1, R do
-      local S = mtp.rejection_sampler(V, 1, temp, seed)
-      local first = true
-      local out = d:greedy(P, 2, 1, {
-        draft_pick = function(r, j)
-          local x = S.draft_pick(r, j)
-          drafted[x] = (drafted[x] or 0) + 1
-          return x
-        end,
-        pick = function(r, dr, j)
-          if first then first = false return t1 end   -- condition on the first token
-          return S.pick(r, dr, j)
-        end })
-      assert.equals(t1, out[1])
-      got[out[2]] = (got[out[2]] or 0) + 1
-      rejected = rejected + S.rejected
+    local S = mtp.rejection_sampler(V, 1, temp, 7)
+    for _ = 1, R do
+      local x = S.draft_pick(qrow, 1)
+      drafted[x] = (drafted[x] or 0) + 1
+      local y = S.pick(prow, x, 1)
+      got[y] = (got[y] or 0) + 1
     end
     -- bins: tokens expected at least 5 times, the rest pooled
     local ids = {}
@@ -232,10 +234,28 @@ describe("the MTP block", function()
       return x2, df * (1 - a + 3.09 * math.sqrt(a)) ^ 3   -- the 0.999 quantile (Wilson-Hilferty)
     end
     local x2, crit = chi2(got)
-    assert.is_true(rejected > 0 and rejected < R, "rejections " .. rejected .. " of " .. R)
+    assert.is_true(S.rejected > R / 20 and S.rejected < R, "rejections " .. S.rejected .. " of " .. R)
     assert.is_true(x2 < crit, string.format("chi-square %.1f >= %.1f", x2, crit))
     local x2d, critd = chi2(drafted)
     assert.is_true(x2d > critd, string.format("the drafts alone pass: chi-square %.1f < %.1f", x2d, critd))
+    -- end to end through Mtp:greedy: the rule sees the same rows (a few seeds)
+    for seed = 1, 12 do
+      local S2 = mtp.rejection_sampler(V, 1, temp, seed)
+      local rows = {}
+      local first = true
+      local out = d:greedy(P, 2, 1, { draft_pick = function(r, j)
+          rows.q = r:clone()
+          return S2.draft_pick(r, j)
+        end,
+        pick = function(r, dr, j)
+          if first then first = false return t1 end   -- condition on the first token
+          rows.p = r:clone()
+          return S2.pick(r, dr, j)
+        end })
+      assert.equals(t1, out[1])
+      assert.equals(0, rows.p:compare(prow).max_abs)
+      assert.equals(0, rows.q:compare(qrow).max_abs)
+    end
   end)
 
   it("accepts an oracle's drafts, rejects one at each position; the cache matches plain decoding", function()
