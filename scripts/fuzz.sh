@@ -106,13 +106,21 @@ for n in "$@"; do
   [ -f "$ROOT/tests/fuzz/fuzz_$n.dict" ] && dict="-dict=$ROOT/tests/fuzz/fuzz_$n.dict"
   seeds=""
   [ -d "$ROOT/tests/fuzz/corpus/$n" ] && seeds="$ROOT/tests/fuzz/corpus/$n"
+  # libFuzzer runs LeakSanitizer after an input whose mallocs and frees do
+  # not balance; for a Lua target that reports everything only LuaJIT's heap
+  # holds (LSan does not scan it: the models), and the server's connection
+  # thread unbalances inputs at random. Lua targets count tide's allocations
+  # per input instead (lua_harness.c); LSan still checks at exit, after the
+  # Lua state is closed.
+  leaks=""
+  [ -f "$ROOT/tests/fuzz/fuzz_$n.lua" ] && leaks="-detect_leaks=0"
   echo "fuzz: fuzz_$n for ${SECS}s"
   flog="$BUILD/fuzz_$n.log"
   # shellcheck disable=SC2086
   if TMPDIR="$BUILD" ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
        UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
        "$exe" -max_total_time="$SECS" -runs="$RUNS" -timeout=30 -rss_limit_mb=3072 -print_final_stats=1 \
-       -artifact_prefix="$arts" $dict "$corpus" $seeds > "$flog" 2>&1; then
+       -artifact_prefix="$arts" $leaks $dict "$corpus" $seeds > "$flog" 2>&1; then
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$flog" | tail -n 1)
     took=$(sed -n 's/^Done [0-9]* runs in \([0-9]*\) second.*/\1/p' "$flog" | tail -n 1)
     last=$(grep -E '^#[0-9]+' "$flog" | tail -n 1)
