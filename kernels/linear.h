@@ -50,9 +50,10 @@ void tide_linear_dot_rows(const struct tide_linear *l, int64_t r0, int64_t nr, c
                           int64_t ldy, int64_t m, int flags);
 
 #if defined(__x86_64__)
-/* The AVX2 kernel: for M <= 8 decodes groups of weight rows in registers
- * and feeds them to the FMAs (every weight decoded once per call; FP8 and
- * MXFP4 groups go to the AVX-512 kernels where ready); for larger M it
+/* The AVX2 kernel: for small M (up to 24, FP8 16, MXFP4 8) decodes groups of
+ * weight rows in registers and feeds them to the FMAs (every weight read
+ * once per call, decoded once per pass of at most 4-6 rows of x; the M <= 8
+ * FP8 and MXFP4 groups go to the AVX-512 kernels where ready); for larger M it
  * dequantises panels of at most TIDE_LIN_NC rows x TIDE_LIN_KC columns into a
  * stack buffer with the dequant.h decoders and runs register-tiled dot-form
  * micro-kernels over them (each weight decoded once per TIDE_LIN_MC rows). */

@@ -10,11 +10,12 @@
 --     admission, the step's token lists; target < 2%) and in sampling.
 -- The read bandwidth of this machine is measured in the same run. Medians of
 -- several runs; prints a markdown table.
--- Usage: tide scripts/bench_engine.lua [--quick] [--threads N] [--model DIR] [--runs N]
+-- Usage: tide scripts/bench_engine.lua [--quick] [--threads N] [--model DIR] [--runs N] [--conc 1,2,4,8,16]
+--   [--no-fair]   (--conc: the concurrencies; --no-fair: skip the fair-policy run)
 local tide = require("tide")
 local C = tide.C
 
-local quick, model_dir, runs = false, nil, nil
+local quick, model_dir, runs, conc, fair = false, nil, nil, nil, true
 local i = 1
 while i <= #arg do
   local a = arg[i]
@@ -22,12 +23,17 @@ while i <= #arg do
   elseif a == "--threads" then tide.threads(tonumber(arg[i + 1])); i = i + 1
   elseif a == "--model" then model_dir = arg[i + 1]; i = i + 1
   elseif a == "--runs" then runs = tonumber(arg[i + 1]); i = i + 1
+  elseif a == "--conc" then
+    conc = {}
+    for c in arg[i + 1]:gmatch("%d+") do conc[#conc + 1] = tonumber(c) end
+    i = i + 1
+  elseif a == "--no-fair" then fair = false
   else error("bench_engine: unknown argument " .. a) end
   i = i + 1
 end
 local PROMPT = quick and 64 or 256
 local GEN = quick and 16 or 128
-local CONC = quick and { 1, 4, 16 } or { 1, 2, 4, 8, 16 }
+local CONC = conc or (quick and { 1, 4, 16 } or { 1, 2, 4, 8, 16 })
 local RUNS = runs or (quick and 1 or 3)
 local BUDGET = 256
 
@@ -130,10 +136,10 @@ local function measure(c, policy)
     out[k] = median(xs)
   end
   rows[#rows + 1] = out
-  io.stderr:write(string.format("  %2d requests (%s): %.1f tokens/s\n", c, policy, out.tps))
+  io.stderr:write(string.format("  %2d requests (%s): %.1f tokens/s, decode %.1f\n", c, policy, out.tps, out.dec))
 end
 for _, c in ipairs(CONC) do measure(c, "fcfs") end
-measure(max_conc, "fair")
+if fair then measure(max_conc, "fair") end
 
 print(string.format("## tide engine on %s (%d threads, %s prompts of %d tokens, %d generated; budget %d)",
   model_dir, threads, "random", PROMPT, GEN, BUDGET))

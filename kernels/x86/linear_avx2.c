@@ -12,9 +12,12 @@
  * the operations applied to one of them, so every (m, n) gets the same bits
  * whatever M, the tile it falls in, the row range or the thread.
  *
- * M <= 8 skips the panel: fused decoders (below) feed the decoded weights
- * straight from registers to the FMAs, each weight byte read and decoded
- * once per call. Larger M share each decoded panel over TIDE_LIN_MC rows of
+ * Small M skips the panel: fused decoders (below) feed the decoded weights
+ * straight from registers to the FMAs, each weight byte read from memory
+ * once per call; above M = 6 the rows of x go in passes over each group of
+ * weight rows, the later passes decoding it again from L1. Up to M = 24
+ * (FP8: 16; MXFP4 stays at 8) that beats the panels when the weight streams
+ * from DRAM (fused_max_m). Larger M share each decoded panel over TIDE_LIN_MC rows of
  * x: the panel (24 rows by 512 columns) and the x block stay in L1/L2 while
  * the weight streams, and the loops are compute bound: the micro-kernels do
  * 12 FMAs per 7 loads. On CPUs with AVX-512 VBMI + GFNI the M <= 8 FP8 and
@@ -531,7 +534,7 @@ static int pass_g(int fmt, int p) { return p <= 4 ? (fmt == TIDE_W_MXFP4 ? 2 : 3
 
 /* Per format: the largest M that runs the fused kernels, and the most rows
  * of x per pass above M = 6 (measured from DRAM, docs/linear.md) */
-static int fused_max_m[5] = {24, 24, 24, 24, 12}, pass_rows[5] = {4, 4, 4, 6, 4};
+static int fused_max_m[5] = {24, 24, 24, 16, 8}, pass_rows[5] = {4, 4, 4, 6, 4};
 
 void tide_linear_avx2_fused_tune(int fmt, int *max_m, int *pass) {
   const int old_m = fused_max_m[fmt], old_p = pass_rows[fmt];
@@ -605,6 +608,26 @@ static void fused_gemv(const struct tide_linear *l, int64_t r0, int64_t nr, cons
   }
 }
 
+/* The panel of rows [n, n + nn) x columns from k on (k < K), or when k is
+ * past the end the first columns of the next rows up to nend, into L1. With
+ * few rows of x each panel is used briefly and the next one comes from DRAM:
+ * 24 row streams of 512 columns each, which the hardware prefetchers do not
+ * follow well; fetching it while this one is used measured +10-30% (M = 16
+ * from DRAM). */
+static void panel_prefetch(const struct tide_linear *l, int64_t n, int64_t nn, int64_t nend, int64_t k) {
+  const int64_t K = l->k, rb = l->view.row_bytes;
+  if (k >= K) {
+    n += nn;
+    k = 0;
+    nn = nend - n < NC ? nend - n : NC;
+  }
+  /* bytes [b0, b1) of each row (K is a multiple of 32 for MXFP4, so whole bytes) */
+  const int64_t b0 = k * rb / K, b1 = (k + KC < K ? k + KC : K) * rb / K;
+  const uint8_t *w = l->view.w + n * rb;
+  for (int64_t r = 0; r < nn; r++)
+    for (int64_t o = b0; o < b1; o += 64) _mm_prefetch((const char *)(w + r * rb + o), _MM_HINT_T0);
+}
+
 void tide_linear_avx2_rows(const struct tide_linear *l, int64_t r0, int64_t nr, const float *x, int64_t ldx, float *y,
                            int64_t ldy, int64_t m, int flags) {
   if (m <= fused_max_m[l->fmt]) {
@@ -621,6 +644,7 @@ void tide_linear_avx2_rows(const struct tide_linear *l, int64_t r0, int64_t nr, 
       const int64_t mm = m - m0 < MC ? m - m0 : MC;
       for (int64_t k0 = 0; k0 < K; k0 += KC) {
         const int64_t kk = K - k0 < KC ? K - k0 : KC;
+        if (m <= MC) panel_prefetch(l, r0 + n0, nn, r0 + nr, k0 + KC);
         tide_dequant_block(P, KCP, &l->view, r0 + n0, nn, k0, kk, (kk + 7) & ~(int64_t)7, &tide_dequant_avx2);
         for (int64_t i0 = 0; i0 < mm; i0 += 4) {
           const int mr = mm - i0 < 4 ? (int)(mm - i0) : 4, w = tile_nr[mr];
