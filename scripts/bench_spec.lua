@@ -96,14 +96,15 @@ local PROMPTS = { "And the king said unto", "In the beginning God created the he
   "The LORD is my shepherd; I shall not want.", "Blessed are the meek: for they", "And it came to pass, when the",
   "You will be married within a year", "Thou shalt not" }
 
--- one configuration: requests (1 at a time or all 8 at once) -> tokens/s, stats, outputs
+-- one configuration: requests (1 at a time or all 8 at once, one engine,
+-- as a server would run them) -> tokens/s, stats, outputs
 local function run(draft, temp, conc)
   local outs, gen, t, drafted, accepted, vsteps, vtok = {}, 0, 0, 0, 0, 0, 0
   local groups = {}
   if conc == 1 then for j = 1, 4 do groups[j] = { j } end
   else groups[1] = {} for j = 1, 8 do groups[1][j] = j end end
+  local eng = tide.engine(m, { budget = 64 })
   for _, g in ipairs(groups) do
-    local eng = tide.engine(m, { budget = 64 })
     local hs = {}
     for _, j in ipairs(g) do
       hs[j] = assert(eng:submit{ prompt = PROMPTS[j], max_tokens = n, seed = j, ignore_eos = true,

@@ -137,11 +137,10 @@ end
 local function flush(eng, r, keep)
   local s = r.spec
   local mt = eng.model.max_tokens
-  local done = 0
+  local done, full = 0, false
   while s.cn - done - keep > 0 do
     local n = math.min(mt, s.cn - done - keep)
-    local ok = eng.mtp:step({ catchup_entry(eng, r, done, n, false) })
-    if not ok then return nil end   -- the MTP cache is full
+    if not eng.mtp:step({ catchup_entry(eng, r, done, n, false) }) then full = true break end   -- MTP cache full
     done = done + n
   end
   if done > 0 then
@@ -153,7 +152,16 @@ local function flush(eng, r, keep)
     end
     s.cn = rest
   end
-  return true
+  return not full
+end
+
+-- Drafting failed (an error in the MTP block): the request's MTP state
+-- restarts empty at its current position (drafts are poorer until its
+-- window refills; the output never depends on them).
+local function restart(eng, r)
+  local s = r.spec
+  if s.mseq then eng.mtp:free(s.mseq) end
+  s.mseq, s.cn, s.base = nil, 0, r.computed
 end
 
 -- A new MTP sequence for s, starting at s.base (the first position whose
@@ -225,6 +233,21 @@ function M.plan(eng, entries, fits)
     return ended
   end
   for _, w in ipairs(want) do w.e.n = 1 end
+  local ok, err = pcall(M._draft, eng, want)
+  if not ok then
+    for _, w in ipairs(want) do
+      if w.fork then eng.mtp:free(w.fork) w.fork = nil end
+      w.e.drafts, w.e.n = nil, 1
+      restart(eng, w.e.r)
+    end
+    eng.stats.draft_errors = (eng.stats.draft_errors or 0) + 1
+    eng.last_draft_error = err
+  end
+  return ended
+end
+
+-- Make the drafts of `want` ({ e, k } per drafting request); sets e.drafts, e.n.
+function M._draft(eng, want)
   local d = eng.mtp
   -- 1. catch-up: every drafting request's waiting streams; the last row drafts d1
   local batch, ready = {}, {}
@@ -233,17 +256,17 @@ function M.plan(eng, entries, fits)
     if not s.mseq then s.mseq = new_mseq(eng, s) end   -- nil: no free MTP slot, no drafts this step
     if s.mseq then ready[#ready + 1] = w end
   end
+  if #ready == 0 then return end
   want = ready
-  if #want == 0 then return ended end
   local share = math.max(1, math.floor(eng.model.max_tokens / #want))
   for _, w in ipairs(want) do
     local r = w.e.r
     -- long waits (a prompt) run ahead without logits
-    if not flush(eng, r, math.min(r.spec.cn, share)) then return ended end
+    if not flush(eng, r, math.min(r.spec.cn, share)) then return end
     batch[#batch + 1] = catchup_entry(eng, r, 0, r.spec.cn, "last")
   end
   local res = d:step(batch)
-  if not res then return ended end   -- the MTP cache is full: no drafts this step
+  if not res then return end   -- the MTP cache is full: no drafts this step
   for i, w in ipairs(want) do
     w.drafts = { res[i]:argmax() }
     w.h = d.out:narrow(0, d.first[i] + batch[i].hidden:size(0) - 1, 1):clone()
@@ -268,6 +291,7 @@ function M.plan(eng, entries, fits)
         end
         if #b == 0 then break end
         local rr = d:step(b)
+        if not rr then break end   -- the MTP cache is full: the drafts so far
         for i, w in ipairs(who) do
           w.drafts[j] = rr[i]:argmax()
           check(C.tide_tensor_copy(w.h, d.out:narrow(0, d.first[i], 1)))
@@ -284,7 +308,6 @@ function M.plan(eng, entries, fits)
     w.e.drafts = w.drafts
     w.e.n = 1 + #w.drafts
   end
-  return ended
 end
 
 -- What steps cost, measured on steps that run one decoding request alone, in

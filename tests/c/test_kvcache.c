@@ -1,8 +1,8 @@
 /* test_kvcache.c - the paged cache's bookkeeping: configuration checks,
  * sequence slots, batch validation, prepare's all-or-nothing TIDE_FULL, block
  * reuse after free, SWA recycling outside the window, copy-on-write
- * accounting of forks, slot mapping (-1 preserved) and export/import of a
- * sequence's bytes. The numerics are in test_attn.c. */
+ * accounting of forks, slot mapping (-1 preserved), export/import of a
+ * sequence's bytes and roll-back (tide_kvcache_seq_truncate). The numerics are in test_attn.c. */
 #include <stdint.h>
 
 #include "tide.h"
@@ -295,5 +295,60 @@ static void test_export_import(void) {
   tide_kvcache_free(c2);
 }
 
+/* roll-back within the last step: a window block the commit released comes
+ * back (from the free list) with its bytes, blocks past the new length return
+ * to the pool; refusals change nothing (the numerics with compressor rings
+ * are in tests/lua/truncate_spec.lua) */
+static void test_truncate(void) {
+  int32_t r[1] = {0};
+  tide_kvcache *c = mkcache(1, r, 8, 0, 2, 0);
+  int32_t a, b2;
+  TT_OK(tide_kvcache_seq_new(c, &a));
+  TT_OK(tide_kvcache_seq_new(c, &b2));
+  tide_batch *b;
+  TT_OK(tide_batch_new(&b, 64));
+  TT_OK(step(c, b, a, 64));
+  TT_OK(step(c, b, a, 64));
+  TT_OK(step(c, b, a, 62));
+  int64_t f, rows, rb;
+  TT_OK(tide_kvcache_seq_extent(c, a, 0, TIDE_KV_SWA, &f, &rows, &rb));
+  TT_CHECK(f == 0 && rows == 190, "extent %lld + %lld", (long long)f, (long long)rows);
+  tide_tensor pat = {0}, got = {0};
+  int64_t sh[2] = {rows, rb};
+  TT_OK(tide_tensor_new(&pat, TIDE_U8, 2, sh));
+  TT_OK(tide_tensor_new(&got, TIDE_U8, 2, sh));
+  for (int64_t i = 0; i < rows * rb; i++) ((uint8_t *)pat.data)[i] = (uint8_t)(i * 13 + 5);
+  TT_OK(tide_kvcache_seq_write(c, a, 0, TIDE_KV_SWA, &pat));
+  TT_FAILS(tide_kvcache_seq_truncate(c, a, 189), TIDE_E_STATE, "no roll-back record");
+  tide_kvcache_stats s0, s1;
+  TT_OK(tide_kvcache_stats_get(c, &s0));
+  TT_OK(step(c, b, a, 10));   /* 190..199: the window's first block (0..63) is released */
+  TT_OK(tide_kvcache_stats_get(c, &s1));
+  TT_CHECK(s1.swa_free == s0.swa_free, "block 0 released, block 3 taken: %d -> %d", s0.swa_free, s1.swa_free);
+  TT_FAILS(tide_kvcache_seq_truncate(c, a, 201), TIDE_E_RANGE, "outside 0..200");
+  TT_FAILS(tide_kvcache_seq_truncate(c, a, 189), TIDE_E_STATE, "before its last step");
+  TT_CHECK(tide_kvcache_seq_len(c, a) == 200, "a refusal changed the length");
+  TT_OK(tide_kvcache_seq_truncate(c, a, 190));
+  TT_CHECK(tide_kvcache_seq_len(c, a) == 190, "length after truncate");
+  TT_OK(tide_kvcache_stats_get(c, &s1));
+  int32_t used;
+  TT_OK(tide_kvcache_seq_usage(c, a, &used, NULL));
+  TT_CHECK(s1.swa_free == s0.swa_free && used == 3, "block 0 back, block 3 returned: %d -> %d free, %d held",
+           s0.swa_free, s1.swa_free, used);
+  TT_OK(tide_kvcache_seq_read(c, a, 0, TIDE_KV_SWA, &got));
+  TT_CHECK(!memcmp(pat.data, got.data, (size_t)(rows * rb)), "the window's bytes after truncate");
+  TT_OK(tide_kvcache_seq_truncate(c, a, 190));   /* to its own length: nothing to do */
+  /* another sequence's step ends the record */
+  TT_OK(step(c, b, a, 5));
+  TT_OK(step(c, b, b2, 1));
+  TT_FAILS(tide_kvcache_seq_truncate(c, a, 192), TIDE_E_STATE, "no roll-back record");
+  TT_CHECK(tide_kvcache_seq_len(c, a) == 195, "a refusal changed the length");
+  TT_FAILS(tide_kvcache_seq_truncate(c, 7, 0), TIDE_E_RANGE, "outside");
+  tide_tensor_release(&pat);
+  tide_tensor_release(&got);
+  tide_batch_free(b);
+  tide_kvcache_free(c);
+}
+
 TT_RUN(TT(test_config), TT(test_seqs_and_batches), TT(test_full_and_reuse), TT(test_recycle), TT(test_fork_cow),
-       TT(test_export_import))
+       TT(test_export_import), TT(test_truncate))

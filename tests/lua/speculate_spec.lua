@@ -175,6 +175,21 @@ describe("speculative decoding in the engine", function()
     for _, i in ipairs({ 1, 2, 4, 6 }) do same(res[i], BASE[i], "neighbour " .. i) end
     -- tokens before the failure are the plain ones
     for j, t in ipairs(res[3].tokens) do assert.equals(BASE[3].tokens[j], t) end
+    -- an error in the MTP block costs drafts, never tokens: the requests restart their MTP state
+    local eng0 = tide.engine(big, { budget = 32 })
+    local hs = {}
+    for i = 1, 2 do hs[i] = eng0:submit(requests({ draft = 2 })[i]) end
+    local step, calls = eng0.mtp.step, 0
+    eng0.mtp.step = function(...)
+      calls = calls + 1
+      if calls == 3 then error("MTP broke") end
+      return step(...)
+    end
+    eng0:run()
+    eng0.mtp.step = nil
+    assert.equals(1, eng0.stats.draft_errors)
+    assert.matches("MTP broke", eng0.last_draft_error)
+    for i = 1, 2 do same(hs[i]:result(), BASE[i], "after an MTP error, request " .. i) end
     -- misuse is refused at submit
     local eng = tide.engine(big, {})
     assert.has_error(function() eng:submit{ prompt = "x", draft = -1 } end)

@@ -9,9 +9,13 @@
 -- unit of time, and drafts nothing unless that beats plain decoding by
 -- `margin`; without measurements it drafts while the chance of reaching the
 -- next draft stays above `min_reach`. While drafting does not pay (or a is
--- below `off_below`) it drafts one token every `probe` steps to notice when
--- the text becomes predictable again. Off when more than `max_load`
--- requests share the step (their verify rows then cost real compute).
+-- below `off_below`) it drafts one token after `probe` steps to notice when
+-- the text becomes predictable again, waiting twice as long after each probe
+-- that did not pay (at most `probe_max`). When even drafts that are always
+-- accepted cannot pay (a model whose verify steps cost as much per token as
+-- plain ones), it only re-measures every `recheck` steps. Off when more than
+-- `max_load` requests share the step (their verify rows then cost real
+-- compute).
 -- Contract: fixed.lua.
 local P = { name = "adaptive" }
 
@@ -19,13 +23,16 @@ function P.new(opts)
   opts = opts or {}
   return { rate = nil, acc = 0, tried = 0, decay = opts.decay or 0.8, off_below = opts.off_below or 0.3,
     probe = opts.probe or 8, min_reach = opts.min_reach or 0.35, max_load = opts.max_load or 4,
-    margin = opts.margin or 0.05, idle = 0 }
+    margin = opts.margin or 0.05, idle = 0, wait = opts.probe or 8, probe_max = opts.probe_max or 128,
+    recheck = opts.recheck or 512 }
 end
 
-local function idle(s)
+local function idle(s, wait)
   s.idle = s.idle + 1
-  if s.idle >= s.probe then s.idle = 0 return 1 end
-  return 0
+  if s.idle < (wait or s.wait) then return 0 end
+  s.idle = 0
+  if not wait then s.wait = math.min(2 * s.wait, s.probe_max) end
+  return 1
 end
 
 function P.draft(s, req)
@@ -34,6 +41,12 @@ function P.draft(s, req)
   if a == nil then return 1 end                       -- learn the rate first
   if a < s.off_below then return idle(s) end
   if req.cost then
+    local hopeless = true    -- even with every draft accepted?
+    for k = 1, req.max do
+      local c = req.cost(k)
+      if not c or (k + 1) / c > 1 + s.margin then hopeless = false break end
+    end
+    if hopeless then return idle(s, s.recheck) end
     local best, value = 0, 1 + s.margin
     local reach, tokens = 1, 1
     for k = 1, req.max do
@@ -43,7 +56,7 @@ function P.draft(s, req)
       if c and tokens / c > value then best, value = k, tokens / c end
     end
     if best == 0 then return idle(s) end
-    s.idle = 0
+    s.idle, s.wait = 0, s.probe
     return best
   end
   local k, reach = 1, a
