@@ -206,7 +206,8 @@ function M.plan(eng, entries, fits)
         if s.mseq then flush(eng, r, 0) end
       end
     end
-    if s and e.n == 1 and #r.generated > 0 and r.computed + 1 == #r.tokens then
+    -- (a request with probes never drafts: its probes would see rows that are rolled back)
+    if s and e.n == 1 and #r.generated > 0 and r.computed + 1 == #r.tokens and not r.probes then
       local lim = math.min(s.max, r.max_tokens - #r.generated - 1, room, eng.model.max_tokens - 1)
       if eng.model.max_positions then lim = math.min(lim, eng.model.max_positions - #r.tokens - 1) end
       e.decode = true

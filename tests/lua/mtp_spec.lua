@@ -288,6 +288,53 @@ describe("the MTP block", function()
     end
   end)
 
+  it("snapshots, restores and forks around speculative steps act as around plain ones", function()
+    -- what sessions do (undo = restore a snapshot, fork = share blocks): a snapshot taken before
+    -- speculative steps that roll back past the window's block edge (blocks it shares are released
+    -- and taken back) keeps its bytes; restoring it and decoding again, or forking after the
+    -- speculation and decoding on, gives the plain bits; every block returns to the pool
+    local st0 = m:cache_stats()
+    local long = tm.tokens(180, V, 31)
+    local s = assert(m:sequence())
+    m:feed(s, long, { logits = false })
+    local snap = assert(s:fork())
+    local before = cache_bytes(m, snap.id)
+    local n = 20
+    local out = d:greedy({ 7 }, n, 3, { seq = s, drafts = function(n_out, _, kk)
+      local dr = {}
+      for j = 1, kk do dr[j] = (n_out + j) % 3 == 0 and 5 or (n_out * 7 + j) % V end
+      return dr
+    end })
+    assert.equals(before, cache_bytes(m, snap.id), "the snapshot changed")
+    -- the plain reference: the same tokens one by one
+    local all = {}
+    for i, t in ipairs(long) do all[i] = t end
+    all[#all + 1] = 7
+    for _, t in ipairs(out) do all[#all + 1] = t end
+    local p = assert(m:sequence())
+    m:feed(p, all, { to = s:len(), logits = false })
+    assert.equals(cache_bytes(m, p.id), cache_bytes(m, s.id))
+    -- fork after the speculation; decode on both and on the reference
+    local f = assert(s:fork())
+    local nxt = { 11, 12, 13 }
+    local lf = m:feed(f, nxt):clone()
+    local ls = m:feed(s, nxt):clone()
+    local lp = m:feed(p, nxt)
+    assert.equals(0, lf:compare(lp).max_abs)
+    assert.equals(0, ls:compare(lp).max_abs)
+    -- undo: back to the snapshot, the same as never having generated
+    s:assign(snap)
+    assert.equals(before, cache_bytes(m, s.id))
+    local q = assert(m:sequence())
+    m:feed(q, long, { logits = false })
+    local la = m:feed(s, nxt):clone()
+    assert.equals(0, la:compare(m:feed(q, nxt)).max_abs)
+    for _, x in ipairs({ s, snap, p, f, q }) do x:free() end
+    local st = m:cache_stats()
+    assert.equals(st0.swa_free, st.swa_free)
+    assert.equals(st0.pages_free, st.pages_free)
+  end)
+
   it("tide generate --draft N prints the same text as without and reports the acceptance", function()
     local ids = table.concat(tm.tokens(9, V, 4), ",")
     local base_cmd = table.concat({ tm.q(tm.EXE), "generate", "--model", tm.q(A), "--tokens", ids, "--max-tokens", "12",
