@@ -157,8 +157,132 @@ static void q8_pass(int64_t mr, const struct tide_linear *l, int64_t n, int64_t 
   }
 }
 
+/* ---- many rows of x (m > 8): decoded panels, K chunks ----
+ *
+ * For prefill the passes above decode every weight pair again for each
+ * 4 rows of x and walk all of K per pass, so x streams from L2. Here a
+ * chunk of Q8P_NC weight rows by Q8P_KC pairs is decoded once into ready
+ * operands (the unsigned w + 12 halves and the lane factors, 96 bytes per
+ * row and pair) for each block of up to Q8P_MB rows of x, and 4 x 2 tiles
+ * of (x rows, weight rows) run over the chunk with their accumulators kept
+ * in a small buffer between chunks. Every (row of x, row of W) still sees
+ * the same operations on the same operands in the same pair order as
+ * above (and as the scalar model): only the loop order differs, so the
+ * bits are the same. (The int8-weight kernel below keeps its passes at
+ * every m: its operands need no decoding, and the same tiling over it
+ * measured no faster.) Stack use: the panel (24 KiB) and the accumulators
+ * (16 KiB). */
+enum { Q8P_NC = 32, Q8P_KC = 8, Q8P_MB = 16 };
+
+/* decode rows [n, n + nn) of the MXFP4 weight, pairs [p0, p1), into P
+ * (row stride Q8P_KC * 96 bytes) exactly as q8_pair builds its operands */
+static void q8p_decode(const struct tide_linear *l, int64_t n, int64_t nn, int64_t p0, int64_t p1, uint8_t *P) {
+  const __m256i lut = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0, 12, 13, 14, 15, 16,
+                                       18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const int64_t K = l->k, nb = K / 32, rb = K / 2, full = nb / 2;
+  const float *ws = tide_q8_wscale();
+  for (int64_t r = 0; r < nn; r++) {
+    const uint8_t *W = (const uint8_t *)l->w.data + (n + r) * rb, *S = (const uint8_t *)l->scale.data + (n + r) * nb;
+    uint8_t *o = P + r * (Q8P_KC * 96);
+    for (int64_t p = p0; p < p1; p++, o += 96) {
+      const int last = p == full;
+      __m256i qw = last ? _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(W + p * 32)))
+                        : _mm256_loadu_si256((const __m256i *)(W + p * 32));
+      _mm256_store_si256((__m256i *)o, _mm256_shuffle_epi8(lut, _mm256_and_si256(qw, m4)));
+      _mm256_store_si256((__m256i *)(o + 32),
+                         _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(qw, 4), m4)));
+      __m128 dw0 = _mm_broadcast_ss(ws + S[2 * p]);
+      __m128 dw1 = last ? _mm_setzero_ps() : _mm_broadcast_ss(ws + S[2 * p + 1]);
+      _mm256_store_ps((float *)(o + 64), _mm256_insertf128_ps(_mm256_castps128_ps256(dw0), dw1, 1));
+    }
+  }
+}
+
+/* MR rows of x (row i at x + i) against RR panel rows over the chunk's
+ * pairs [p0, p1); A: the accumulators (row i, weight row r at A + (i *
+ * Q8P_NC + r) * 8), zero when first */
+static inline __attribute__((always_inline)) void q8p_tile(const int MR, const int RR, const uint8_t *P, int64_t p0,
+                                                           int64_t p1, const tide_q8_rows *x, int64_t np, float *A,
+                                                           int first) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[4][2];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; i++)
+#pragma GCC unroll 2
+    for (int r = 0; r < RR; r++)
+      acc[i][r] = first ? _mm256_setzero_ps() : _mm256_load_ps(A + (i * Q8P_NC + r) * 8);
+  for (int64_t p = p0; p < p1; p++) {
+    const uint8_t *o = P + (p - p0) * 96;
+#pragma GCC unroll 2
+    for (int r = 0; r < RR; r++) {
+      const uint8_t *wr = o + r * (Q8P_KC * 96);
+      __m256i ulo = _mm256_load_si256((const __m256i *)wr), uhi = _mm256_load_si256((const __m256i *)(wr + 32));
+      __m256 dw = _mm256_load_ps((const float *)(wr + 64));
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; i++) {
+        const int8_t *xq = x->q + (i * np + p) * 64;
+        __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(ulo, _mm256_loadu_si256((const __m256i *)xq)),
+                                       _mm256_maddubs_epi16(uhi, _mm256_loadu_si256((const __m256i *)(xq + 32))));
+        __m256i s32 = _mm256_sub_epi32(_mm256_madd_epi16(s16, ones),
+                                       _mm256_loadu_si256((const __m256i *)(x->c + (i * np + p) * 8)));
+        __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(s32), _mm256_loadu_ps(x->d + (i * np + p) * 8));
+        acc[i][r] = _mm256_fmadd_ps(t, dw, acc[i][r]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; i++)
+#pragma GCC unroll 2
+    for (int r = 0; r < RR; r++) _mm256_store_ps(A + (i * Q8P_NC + r) * 8, acc[i][r]);
+}
+
+static void q8p_rows(const struct tide_linear *l, int64_t r0, int64_t nr, const tide_q8_rows *x, float *y,
+                     int64_t ldy, int64_t m, int flags) {
+  const int64_t K = l->k, np = (K / 32 + 1) / 2;
+  _Alignas(32) uint8_t P[Q8P_NC * Q8P_KC * 96];
+  _Alignas(32) float A[Q8P_MB * Q8P_NC * 8];
+  for (int64_t n0 = 0; n0 < nr; n0 += Q8P_NC) {
+    const int64_t nn = nr - n0 < Q8P_NC ? nr - n0 : Q8P_NC;
+    for (int64_t i0 = 0; i0 < m; i0 += Q8P_MB) {
+      const int64_t mb = m - i0 < Q8P_MB ? m - i0 : Q8P_MB;
+      for (int64_t p0 = 0; p0 < np; p0 += Q8P_KC) {
+        const int64_t p1 = np - p0 < Q8P_KC ? np : p0 + Q8P_KC;
+        q8p_decode(l, r0 + n0, nn, p0, p1, P);
+        for (int64_t i = 0; i < mb; i += 4) {
+          const int mr = (int)(mb - i < 4 ? mb - i : 4);
+          tide_q8_rows xi = {x->q + (i0 + i) * np * 64, x->c + (i0 + i) * np * 8, x->d + (i0 + i) * np * 8};
+          float *Ai = A + i * Q8P_NC * 8;
+          for (int64_t r = 0; r < nn; r += 2) {
+            const int rr = nn - r < 2 ? 1 : 2;
+            const uint8_t *Pr = P + r * (Q8P_KC * 96);
+            float *Ar = Ai + r * 8;
+            switch (mr * 2 + rr) {
+              case 3: q8p_tile(1, 1, Pr, p0, p1, &xi, np, Ar, p0 == 0); break;
+              case 4: q8p_tile(1, 2, Pr, p0, p1, &xi, np, Ar, p0 == 0); break;
+              case 5: q8p_tile(2, 1, Pr, p0, p1, &xi, np, Ar, p0 == 0); break;
+              case 6: q8p_tile(2, 2, Pr, p0, p1, &xi, np, Ar, p0 == 0); break;
+              case 7: q8p_tile(3, 1, Pr, p0, p1, &xi, np, Ar, p0 == 0); break;
+              case 8: q8p_tile(3, 2, Pr, p0, p1, &xi, np, Ar, p0 == 0); break;
+              case 9: q8p_tile(4, 1, Pr, p0, p1, &xi, np, Ar, p0 == 0); break;
+              default: q8p_tile(4, 2, Pr, p0, p1, &xi, np, Ar, p0 == 0); break;
+            }
+          }
+        }
+      }
+      for (int64_t i = 0; i < mb; i++)
+        for (int64_t r = 0; r < nn; r++)
+          tide_linear_store(&y[(i0 + i) * ldy + n0 + r], hsum8(_mm256_load_ps(A + (i * Q8P_NC + r) * 8)), flags);
+    }
+  }
+}
+
 void tide_linear_q8_avx2_rows(const struct tide_linear *l, int64_t r0, int64_t nr, const tide_q8_rows *x, float *y,
                               int64_t ldy, int64_t m, int flags) {
+  if (m > 8) {
+    q8p_rows(l, r0, nr, x, y, ldy, m, flags);
+    return;
+  }
   const int64_t K = l->k, np = (K / 32 + 1) / 2;
   /* weight rows in blocks of 64 so a block's bytes stay in L2 while every
    * pass of 4 rows of x goes over them (one pass when m <= 4) */

@@ -1,7 +1,7 @@
 /* test_linear_q8.c - the opt-in int8-activation path for MXFP4 (policy
  * TIDE_LINEAR_Q8, kernels/linear_q8.h): the AVX2 quantiser and kernel
  * against their scalar references bitwise on awkward shapes and values
- * (every M from 1 to 13, ragged row counts, NaN / Inf / zero / tiny blocks,
+ * (every M from 1 to 13 and some up to 70, ragged row counts, NaN / Inf / zero / tiny blocks,
  * NaN and extreme scales), the accuracy against the exact double reference,
  * batch, row-range and thread invariance through the public API, shared-x
  * jobs, the policy's scope (other formats and the explicit backends keep
@@ -133,21 +133,30 @@ static void quantizer_same_bits(void) {
   }
 }
 
-/* the AVX2 rows = the scalar model, bitwise, every M 1..13, ragged rows,
- * odd and even block counts */
+/* the M tried against the scalar models: every M 1..13 (the passes of up
+ * to 4 rows), then the panel path of m > 8 across its blocks of 16 rows of
+ * x (ragged 1-row and 3-row tails) */
+static const int64_t kernel_ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 16, 17, 31, 35, 70};
+#define KERNEL_NMS ((int)(sizeof kernel_ms / sizeof kernel_ms[0]))
+
+/* the AVX2 rows = the scalar model, bitwise, M from kernel_ms, ragged
+ * rows (across the panel path's blocks of 32 weight rows), odd and even
+ * block counts (one to several chunks of 8 pairs, a half last pair),
+ * awkward x rows */
 static void kernel_same_bits(void) {
-  static const int64_t shapes[][2] = {{1, 32}, {7, 64}, {67, 96}, {130, 1088}, {9, 4096}, {5, 160}};
-  for (int si = 0; si < 6; si++) {
+  static const int64_t shapes[][2] = {{1, 32}, {7, 64}, {67, 96}, {130, 1088}, {9, 4096}, {5, 160}, {37, 544}};
+  for (int si = 0; si < 7; si++) {
     int64_t N = shapes[si][0], K = shapes[si][1];
     for (int sc = 0; sc < 2; sc++) {
       weight q;
       mx_make(&q, N, K, sc ? 0 : 118, sc ? 256 : 8); /* sc = 1: every scale byte, NaN 0xFF and tiny ones too */
-      for (int64_t M = 1; M <= 13; M++) {
-        int64_t ldx = K + 3, ldy = N + 2;
+      for (int mi = 0; mi < KERNEL_NMS; mi++) {
+        int64_t M = kernel_ms[mi], ldx = K + 3, ldy = N + 2;
         float *x = malloc((size_t)(M * ldx) * 4);
         for (int64_t i = 0; i < M * ldx; i++)
           x[i] = tide_bf16_to_f32(tide_f32_to_bf16((float)((int)(rnd() % 4001) - 2000) / 500.0f));
         if (M == 5) awkward_x(x + 2 * ldx, K);
+        if (M > 13) awkward_x(x + (M - 2) * ldx, K), awkward_x(x + 9 * ldx, K);
         void *blk = malloc(tide_q8_bytes(M, K));
         tide_q8_rows r = tide_q8_layout(blk, M, K);
         tide_q8_quantize_ref(x, ldx, M, K, &r);
@@ -320,7 +329,7 @@ static void moe_policy(void) {
 }
 
 /* FP8 / BF16 weights under Q8: rounded to int8 once; the AVX2 rows equal
- * the scalar model bitwise (every M 1..13, odd block counts, NaN weights);
+ * the scalar model bitwise (M from kernel_ms, odd block counts, NaN weights);
  * close to the exact product; back to INVARIANT gives the exact bits */
 static void int8_weights(void) {
   static const int64_t shapes[][2] = {{1, 128}, {67, 384}, {130, 1024}, {9, 160}};
@@ -364,12 +373,12 @@ static void int8_weights(void) {
       TT_OK(tide_tensor_compare(&yq, &ye, 0, 0, &c));
       TT_CHECK(c.nmse > 0 && c.nmse < 1e-3, "%s N=%lld K=%lld: q8 nmse %g", bf ? "bf16" : "fp8", (long long)N,
                (long long)K, c.nmse);
-      for (int64_t Mm = 1; Mm <= 13; Mm++) {
-        int64_t ldx = K + 1, ldy = N + 3;
+      for (int mi = 0; mi < KERNEL_NMS; mi++) {
+        int64_t Mm = kernel_ms[mi], ldx = K + 1, ldy = N + 3;
         float *xv = malloc((size_t)(Mm * ldx) * 4);
         for (int64_t i = 0; i < Mm * ldx; i++)
           xv[i] = tide_bf16_to_f32(tide_f32_to_bf16((float)((int)(rnd() % 4001) - 2000) / 300.0f));
-        if (Mm == 6) awkward_x(xv + ldx, K);
+        if (Mm == 6 || Mm > 13) awkward_x(xv + ldx, K);
         void *blk = malloc(tide_q8_bytes(Mm, K));
         tide_q8_rows r = tide_q8_layout(blk, Mm, K);
         tide_q8_quantize_avx2(xv, ldx, Mm, K, &r);
