@@ -64,8 +64,8 @@ void tide_linear_avx2_rows(const struct tide_linear *l, int64_t r0, int64_t nr, 
  * largest M that runs the fused kernels (0..64; 0 sends every M to the
  * panels) and the most rows of x per fused pass above M = 6 (3..8) to *max_m
  * and *pass (other values keep the setting), and returns the previous
- * settings in them. The results do not change. Not thread-safe against
- * forwards. */
+ * settings in them (-1 for an unknown format). The results do not change.
+ * Not thread-safe against forwards. */
 void tide_linear_avx2_fused_tune(int fmt, int *max_m, int *pass);
 
 /* The fused kernels for M <= 8 (decode in registers, no panel) work on

@@ -537,6 +537,10 @@ static int pass_g(int fmt, int p) { return p <= 4 ? (fmt == TIDE_W_MXFP4 ? 2 : 3
 static int fused_max_m[5] = {24, 24, 24, 16, 8}, pass_rows[5] = {4, 4, 4, 6, 4};
 
 void tide_linear_avx2_fused_tune(int fmt, int *max_m, int *pass) {
+  if (fmt < 0 || fmt > TIDE_W_MXFP4) {
+    *max_m = *pass = -1;
+    return;
+  }
   const int old_m = fused_max_m[fmt], old_p = pass_rows[fmt];
   if (*max_m >= 0 && *max_m <= FUSED_MAX_PASSES) fused_max_m[fmt] = *max_m;
   if (*pass >= 3 && *pass <= PASS_MAX) pass_rows[fmt] = *pass;
