@@ -592,7 +592,7 @@ function Engine:step()
       me[i].eng = e
       e.cn0 = nil
     end
-    if #me == 0 then break end
+    if #me == 0 then res = {} break end   -- every entry ended before the step (a draft policy)
     local tm = now()
     res = model:step(me, sopts)
     t_model = t_model + (now() - tm)

@@ -75,16 +75,23 @@ function M.parse(x, level)
   return { max = k, policy = M.load_policy(x.policy, level), opts = x.opts }
 end
 
--- The engine's MTP block (made on first use), or raises.
+-- The engine's MTP block, or raises. Made on first use and kept on the model
+-- (like the main cache, it is shared by every engine on the model).
 local function block(eng)
   if eng.mtp then return eng.mtp end
-  -- its own one-layer cache: a sequence and a drafting fork per request, each with its window
-  local cc = eng.model.cache_cfg
-  local co = { swa_block = cc.swa_block, page_tokens = cc.page_tokens, pages = cc.pages, max_seqs = 2 * cc.max_seqs }
-  local d, err = require("tide.models.deepseek_v4_mtp").new(eng.model, { cache = co })
-  if not d then error("draft: " .. tostring(err), 0) end
+  local model = eng.model
+  local d = model._mtp
+  if not d then
+    -- its own one-layer cache: a sequence and a drafting fork per sequence slot, each with its window
+    local cc = model.cache_cfg
+    local co = { swa_block = cc.swa_block, page_tokens = cc.page_tokens, pages = cc.pages, max_seqs = 2 * cc.max_seqs }
+    local err
+    d, err = require("tide.models.deepseek_v4_mtp").new(model, { cache = co })
+    if not d then error("draft: " .. tostring(err), 0) end
+    model._mtp = d
+  end
   eng.mtp = d
-  eng.mtp_window = tonumber(cc.window)
+  eng.mtp_window = tonumber(model.cache_cfg.window)
   return d
 end
 
@@ -213,7 +220,7 @@ function M.plan(eng, entries, fits)
       e.decode = true
       if lim > 0 then
         local ok, k = pcall(s.policy.draft, s.pstate,
-          { max = lim, steps = s.steps, rate = s.pstate.rate, load = load, cost = eng.spec_cost_fn })
+          { max = lim, steps = s.steps, rate = s.pstate.rate, load = load, cost = eng.model._spec_cost_fn })
         if not ok then
           ended[#ended + 1] = { r, "draft policy: " .. tostring(k) }
         elseif not is_int(k) or k < 0 then
@@ -311,7 +318,8 @@ function M._draft(eng, want)
   end
 end
 
--- What steps cost, measured on steps that run one decoding request alone, in
+-- What steps cost (a property of the model and the machine: kept on the
+-- model, shared by its engines), measured on steps that run one decoding request alone, in
 -- process CPU time (steadier than the wall clock on a shared machine): a
 -- plain one-token step (t1) and a step drafting k tokens (MTP drafting and
 -- the verify), as exponential averages. cost(k) = that step / t1, or from the
@@ -320,11 +328,12 @@ local function ema(old, x) return old and (0.8 * old + 0.2 * x) or x end
 
 function M.measure(eng, entries, t)
   if #entries ~= 1 or not entries[1].decode then return end
-  local c = eng.spec_cost
+  local m = eng.model
+  local c = m._spec_cost
   if not c then
     c = { k = {} }
-    eng.spec_cost = c
-    eng.spec_cost_fn = function(k)
+    m._spec_cost = c
+    m._spec_cost_fn = function(k)
       if not c.t1 then return nil end
       if c.k[k] then return c.k[k] / c.t1 end
       local near

@@ -190,6 +190,11 @@ describe("speculative decoding in the engine", function()
     assert.equals(1, eng0.stats.draft_errors)
     assert.matches("MTP broke", eng0.last_draft_error)
     for i = 1, 2 do same(hs[i]:result(), BASE[i], "after an MTP error, request " .. i) end
+    -- the only request's policy raises: that step runs nothing, the engine goes on
+    local eng1 = tide.engine(big, { budget = 32 })
+    local lone = eng1:submit{ prompt = PROMPTS[1], max_tokens = 8, draft = { max = 2, policy = bad } }
+    eng1:run()
+    assert.equals("error", lone:result().status)
     -- misuse is refused at submit
     local eng = tide.engine(big, {})
     assert.has_error(function() eng:submit{ prompt = "x", draft = -1 } end)

@@ -12,8 +12,8 @@
 -- below `off_below`) it drafts one token after `probe` steps to notice when
 -- the text becomes predictable again, waiting twice as long after each probe
 -- that did not pay (at most `probe_max`). When even drafts that are always
--- accepted cannot pay (a model whose verify steps cost as much per token as
--- plain ones), it only re-measures every `recheck` steps. Off when more than
+-- accepted could not gain `explore` (a model whose verify steps cost about
+-- as much per token as plain ones), it only re-measures every `recheck` steps. Off when more than
 -- `max_load` requests share the step (their verify rows then cost real
 -- compute).
 -- Contract: fixed.lua.
@@ -24,7 +24,7 @@ function P.new(opts)
   return { rate = nil, acc = 0, tried = 0, decay = opts.decay or 0.8, off_below = opts.off_below or 0.3,
     probe = opts.probe or 8, min_reach = opts.min_reach or 0.35, max_load = opts.max_load or 4,
     margin = opts.margin or 0.05, idle = 0, wait = opts.probe or 8, probe_max = opts.probe_max or 128,
-    recheck = opts.recheck or 512 }
+    recheck = opts.recheck or 512, explore = opts.explore or 0.15 }
 end
 
 local function idle(s, wait)
@@ -37,16 +37,19 @@ end
 
 function P.draft(s, req)
   if req.max <= 0 or (req.load or 1) > s.max_load then return 0 end
+  if req.cost then
+    -- could drafting pay even with every draft accepted? (a clear gain, not noise)
+    local hopeless = true
+    for k = 1, req.max do
+      local c = req.cost(k)
+      if not c or (k + 1) / c > 1 + s.explore then hopeless = false break end
+    end
+    if hopeless then return idle(s, s.recheck) end
+  end
   local a = s.rate
   if a == nil then return 1 end                       -- learn the rate first
   if a < s.off_below then return idle(s) end
   if req.cost then
-    local hopeless = true    -- even with every draft accepted?
-    for k = 1, req.max do
-      local c = req.cost(k)
-      if not c or (k + 1) / c > 1 + s.margin then hopeless = false break end
-    end
-    if hopeless then return idle(s, s.recheck) end
     local best, value = 0, 1 + s.margin
     local reach, tokens = 1, 1
     for k = 1, req.max do
