@@ -132,20 +132,39 @@ local function check_answers(out)
   end
 end
 
+-- A connection to the server. libFuzzer's SIGALRM (its -timeout clock)
+-- interrupts system calls, and a burst of short connections can use up the
+-- local ports for a moment: both are retried; anything else is a finding.
+local EINTR, EAGAIN, EADDRNOTAVAIL, EISCONN, EALREADY, EINPROGRESS = 4, 11, 99, 106, 114, 115
+local function dial()
+  for _ = 1, 1000 do
+    local fd = C.socket(AF_INET, SOCK_STREAM, 0)
+    if fd < 0 then fuzz_fail("socket failed: errno " .. ffi.errno()) end
+    while true do
+      if C.connect(fd, addr, ffi.sizeof(addr)) == 0 then return fd end
+      local e = ffi.errno()
+      if e == EISCONN then return fd end
+      if e ~= EINTR and e ~= EALREADY and e ~= EINPROGRESS then
+        C.close(fd)
+        if e ~= EADDRNOTAVAIL and e ~= EAGAIN then fuzz_fail("cannot connect to the server: errno " .. e) end
+        C.poll(nil, 0, 10)
+        break
+      end
+      C.poll(nil, 0, 1)
+    end
+  end
+  fuzz_fail("cannot connect to the server: no local port for 10 s")
+end
+
 return function(data)
   local req = request_bytes(data)
   local errors = srv.counters.errors
-  local fd = C.socket(AF_INET, SOCK_STREAM, 0)
-  if fd < 0 then fuzz_fail("socket failed") end
-  if C.connect(fd, addr, ffi.sizeof(addr)) ~= 0 then
-    C.close(fd)
-    fuzz_fail("cannot connect to the server")
-  end
+  local fd = dial()
   local off = 0
   while off < #req do
     local w = C.send(fd, ffi.cast("const char *", req) + off, #req - off, MSG_NOSIGNAL)
-    if w <= 0 then break end   -- the server closed first (413, a malformed request line)
-    off = off + tonumber(w)
+    if w <= 0 and ffi.errno() ~= EINTR then break end   -- the server closed first (413, a bad request line)
+    if w > 0 then off = off + tonumber(w) end
   end
 
   -- read the answers until the server closes the connection, or until
