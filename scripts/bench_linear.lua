@@ -9,6 +9,8 @@
 --   * M = 64 and M = 256 (prefill): GFLOP/s of the invariant kernels, of
 --     oneDNN f32 on f32 weights of the same shape, and of the FAST policy
 --     (oneDNN on dequantised panels of the real format).
+-- Rows marked "q8" run the opt-in int8 policy (docs/linear.md); their GB/s
+-- count the bytes that policy reads (FP8: the int8 copy, 1.0625 bytes/weight).
 -- Every figure is the median of several runs; prints markdown tables.
 -- TIDE_NO_AVX512=1 in the environment measures the AVX2 kernels on a CPU
 -- that has the AVX-512 ones (the header says which ran).
@@ -78,6 +80,8 @@ end
 local shapes = {
   { name = "wq_b", fmt = "fp8", n = 32768, k = 1024 },
   { name = "wo_b", fmt = "fp8", n = 4096, k = 8192 },
+  { name = "wq_b", fmt = "fp8", n = 32768, k = 1024, policy = "q8" },
+  { name = "wo_b", fmt = "fp8", n = 4096, k = 8192, policy = "q8" },
   { name = "expert w1", fmt = "mxfp4", n = 2048, k = 4096 },
   { name = "expert w1", fmt = "mxfp4", n = 2048, k = 4096, policy = "q8" },
   { name = "expert w2", fmt = "mxfp4", n = 4096, k = 2048, policy = "q8" },
@@ -105,7 +109,13 @@ local function sweep_copies(sh)
   local copies = { q.linear(make_weight(sh.fmt, sh.n, sh.k, 1)) }
   local ncopies = math.max(1, math.ceil(MIN_SWEEP / copies[1].bytes))
   for c = 2, ncopies do copies[c] = q.linear(make_weight(sh.fmt, sh.n, sh.k, c)) end
-  if sh.policy then for c = 1, ncopies do copies[c]:policy(sh.policy) end end
+  if sh.policy then
+    for c = 1, ncopies do
+      copies[c]:policy(sh.policy)
+      -- the bytes a forward reads now (an int8 copy for the non-MXFP4 formats)
+      copies[c].bytes = tonumber(C.tide_linear_weight_bytes(copies[c].ptr))
+    end
+  end
   return copies
 end
 
