@@ -125,8 +125,9 @@ conv_row("fp8 e4m3 -> f32 (" .. simd .. ")", src_fp8, C.TIDE_F8E4M3, false)
 conv_row("bf16 -> f32 (scalar reference)", src_bf16, C.TIDE_BF16, true)
 conv_row("fp8 e4m3 -> f32 (scalar reference)", src_fp8, C.TIDE_F8E4M3, true)
 
-print(string.format("tide %s, %s, %s, OMP_WAIT_POLICY=%s; median of %d runs%s", tide.version, jit.version,
-  tide.cpu(), os.getenv("OMP_WAIT_POLICY") or "(default)", RUNS, quick and " (--quick: small sizes, noisy)" or ""))
+print(string.format("tide %s, %s, %s, OMP_WAIT_POLICY=%s, GOMP_SPINCOUNT=%s; median of %d runs%s", tide.version,
+  jit.version, tide.cpu(), os.getenv("OMP_WAIT_POLICY") or "(default)", os.getenv("GOMP_SPINCOUNT") or "(default)",
+  RUNS, quick and " (--quick: small sizes, noisy)" or ""))
 print("")
 print(string.format("| measurement | 1 thread | %d threads | note |", T))
 print("|---|---|---|---|")

@@ -187,9 +187,11 @@ for _, sh in ipairs(shapes) do
   close_all(copies)
 end
 
-print(string.format("tide %s, %s, %s, linear kernels %s, OMP_WAIT_POLICY=%s, DNNL_MAX_CPU_ISA=%s; median of %d runs%s",
-  tide.version, jit.version, tide.cpu(), ffi.string(C.tide_linear_isa()), os.getenv("OMP_WAIT_POLICY") or "(default)",
-  os.getenv("DNNL_MAX_CPU_ISA") or "(default)", RUNS, quick and " (--quick: short runs, small head)" or ""))
+print(string.format("tide %s, %s, %s, linear kernels %s, OMP_WAIT_POLICY=%s, GOMP_SPINCOUNT=%s, "
+  .. "DNNL_MAX_CPU_ISA=%s; median of %d runs%s", tide.version, jit.version, tide.cpu(),
+  ffi.string(C.tide_linear_isa()), os.getenv("OMP_WAIT_POLICY") or "(default)",
+  os.getenv("GOMP_SPINCOUNT") or "(default)", os.getenv("DNNL_MAX_CPU_ISA") or "(default)", RUNS,
+  quick and " (--quick: short runs, small head)" or ""))
 print(string.format("read bandwidth (tide_bench_read_bw, %d MiB): %.1f GB/s with 1 thread, %.1f GB/s with %d threads",
   BW_BYTES / 1048576, bw1, bwT, T))
 if not decode_only then

@@ -34,6 +34,21 @@ local function find_library()
 end
 
 M.lib_path = find_library()
+
+-- How long an idle OpenMP thread spins before it sleeps. libgomp reads its
+-- environment once, when it is loaded, which is here (libtide brings it in).
+-- Its default spin (300,000 iterations, milliseconds on current CPUs) is
+-- right on a machine that does nothing else; on a shared one, a thread that
+-- spins while its partner waits for a core turns every parallel region into
+-- a scheduler time slice, and decode on 2 threads ran 3-5x slower than
+-- with short spins (docs/design.md, "Threads on a shared machine"). A user's
+-- OMP_WAIT_POLICY or GOMP_SPINCOUNT always wins.
+M.DEFAULT_SPINCOUNT = "10000"
+if (os.getenv("OMP_WAIT_POLICY") or "") == "" and (os.getenv("GOMP_SPINCOUNT") or "") == "" then
+  pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite);")
+  pcall(function() ffi.C.setenv("GOMP_SPINCOUNT", M.DEFAULT_SPINCOUNT, 0) end)
+end
+
 local ok, lib = pcall(ffi.load, M.lib_path)
 if not ok then
   error("tide: cannot load the C library (" .. tostring(lib) .. "); build it with `make build` or set TIDE_LIB", 0)

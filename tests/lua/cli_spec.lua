@@ -193,6 +193,22 @@ describe("threads", function()
     end
   end)
 
+  it("idle threads spin briefly unless the user chose (libgomp reads what tide set)", function()
+    -- OMP_DISPLAY_ENV=verbose makes libgomp print the settings it read when it was loaded
+    local function spin(env)
+      local out, rc = run("env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY OMP_DISPLAY_ENV=verbose " .. env .. " " ..
+        q(EXE) .. " -e " .. q("io.write('ran\\n')"))
+      assert.equals(0, rc, out)
+      assert.truthy(out:find("ran\n", 1, true), out)
+      return out:match("GOMP_SPINCOUNT = '(%d+)'"), out:match("OMP_WAIT_POLICY = '(%a+)'")
+    end
+    assert.equals(tide.ffi.DEFAULT_SPINCOUNT, (spin("")))
+    assert.equals("1234", (spin("GOMP_SPINCOUNT=1234")))
+    local n, policy = spin("OMP_WAIT_POLICY=active")
+    assert.equals("ACTIVE", policy)
+    assert.is_true(tonumber(n) > 1e6, n)
+  end)
+
   it("give the same bytes with 1 and 2 threads", function()
     local old = tide.threads()
     local function work()
