@@ -147,6 +147,10 @@ end
 --                between tokens and prefill steps)
 --   probes       probes (tide.probe) on every step of this session's
 --                sequence, prompt and replies alike (see s:set_probes)
+--   draft        speculative decoding by default in generate/say/regen: k
+--                or { max = k, policy = ... } as in tide.engine's submit
+--                (docs/speculative.md); the same tokens as without
+
 -- Returns the session, or nil, message when the cache has no free sequence
 -- slot or the sampler cannot be built.
 function M.new(model, opts)
@@ -175,6 +179,13 @@ function M.new(model, opts)
   }, Session)
   s.state = sampler:new_state({ seed = seed, trace = s.trace_on, tokenizer = model.tokenizer })
   s.seed = s.state.seed
+  if opts.draft ~= nil then
+    local ok, derr = pcall(s._set_draft, s, opts.draft)
+    if not ok then
+      seq:free()
+      return nil, "session: " .. tostring(derr)
+    end
+  end
   return s
 end
 
@@ -295,7 +306,10 @@ function Session:_sync(interruptible, kind)
   -- the sequence's own length is the authority (an error may have cut an
   -- operation between a step and the bookkeeping)
   local len = self.seq:len()
-  if len ~= self.fed then self.fed = len end
+  if len ~= self.fed then
+    self.fed = len
+    self:_spec_reset()
+  end
   if self.fed > n then self:_rewind_cache(n) end
   if n == 0 or (self.fed == n and self.logits_at == n) then return true end
   local t0 = tide.time()
@@ -310,7 +324,9 @@ function Session:_sync(interruptible, kind)
     on_chunk = function(done) self.fed = done end,
     stop = interruptible and function() return self:_interrupted() end or nil,
     on_full = function() return self:_relieve() end,
+    step = self:_step_opts(),
   })
+  if self._spec then require("tide.speculate").trim(self._spec_eng, self:_spec_req(), false) end
   local done = true
   if row then
     self:_keep_logits(row)
@@ -353,6 +369,7 @@ function Session:_rewind_cache(n)
   for i = #self.snaps, 1, -1 do
     if self.snaps[i].pos > n then self:_drop_snapshot(i) end
   end
+  self:_spec_reset()
 end
 
 -- Keep the first n tokens. The sampler's history follows; its generator and
@@ -377,6 +394,152 @@ function Session:_push(ids)
   end
   for _, id in ipairs(ids) do self.toks[#self.toks + 1] = id end
   if #ids > 0 then self.state:accept(ids) end
+end
+
+-- ---------------------------------------------------------------- speculation
+-- Drafting with the MTP block (docs/speculative.md) reuses tide.speculate:
+-- the session is its one request (r below: its tokens, sequence and fed
+-- count) and a small stand-in for the engine. The MTP state (r.spec: its
+-- sequence and the main streams waiting for its catch-up) follows the fed
+-- tokens; whenever the cache goes back (undo, regen, truncate, fork, load)
+-- it restarts empty at the new position, which changes drafts, never tokens.
+
+-- The session's default draft (a number or { max, policy, opts }, nil: none).
+function Session:_set_draft(x)
+  local cfg = require("tide.speculate").parse(x, 3)
+  if cfg then self:_spec_engine() end   -- raises when the model has no MTP block
+  self.draft = cfg and x or nil
+  -- the MTP state starts now, so it sees the positions fed from here on (the next prompt's)
+  if cfg and not self.probes then self:_spec_state(cfg) end
+  if not cfg and self._spec then
+    self:_spec_free()
+    self._spec = nil
+  end
+end
+
+function Session:_spec_engine()
+  local a = self._spec_eng
+  if a then return a end
+  a = { model = self.model, budget = self.model.max_tokens, stats = { drafted = 0, accepted = 0, spec_steps = 0 } }
+  function a._preempt(_, r) r.fallback = true end             -- a refused roll-back: the session rewinds
+  function a._finish(_, r, reason, err) r.status, r.error = reason, err end   -- a raising draft policy
+  require("tide.speculate").block(a)
+  self._spec_eng = a
+  return a
+end
+
+-- The stand-in request for the current state.
+function Session:_spec_req()
+  return { spec = self._spec, tokens = self.toks, seq = self.seq, computed = self.fed, status = "running" }
+end
+
+-- The MTP state for cfg (made on first use, restarting at the fed position).
+function Session:_spec_state(cfg)
+  local a = self:_spec_engine()
+  local sp = self._spec
+  if not sp then
+    local r = self:_spec_req()
+    require("tide.speculate").attach(a, r, cfg)
+    sp = r.spec
+    sp.base = self.fed
+        self._spec = sp
+  elseif sp.max ~= cfg.max or sp.policy ~= cfg.policy then
+    sp.max = cfg.max
+    if sp.policy ~= cfg.policy then sp.policy, sp.pstate = cfg.policy, cfg.policy.new(cfg.opts) end
+  end
+  return sp
+end
+
+-- The cache went back or was replaced: the MTP state restarts empty at the fed position.
+function Session:_spec_reset()
+  if self._spec and self._spec_eng then
+    require("tide.speculate").restart(self._spec_eng, self:_spec_req())
+  end
+end
+
+-- Give the MTP sequence back (close; fork's copy must not share it).
+function Session:_spec_free()
+  if self._spec then self:_spec_reset() end
+end
+
+-- step options of the session's own steps: with an MTP state, the main
+-- streams of every fed position join its catch-up rows
+function Session:_step_opts()
+  local sp = self._spec
+  if not sp then return nil end
+  -- (a step that fails after its forward leaves rows too many: _spec_step notices and restarts)
+  return { after_forward = function(st)
+    local sp1 = st.spans[1]
+    require("tide.speculate").keep_rows(sp, st.v.X:narrow(0, sp1.first, sp1.n), sp1.n)
+  end }
+end
+
+-- One speculative step after a pick: draft k tokens, verify pending + drafts
+-- in one main step, let `pick(row)` (the reply's generation) choose the
+-- committed tokens from the rows in order, roll the cache back to the
+-- accepted prefix. Returns false when it did not run (the caller takes a
+-- plain step), else true, and r (status ~= "running" when a pick ended the
+-- reply or the draft policy failed: r.error).
+function Session:_spec_step(sp, lim, pick)
+  local spec = require("tide.speculate")
+  local a = self._spec_eng
+  local model = self.model
+  -- the MTP state must cover exactly the fed positions (an operation cut short may have broken that)
+  local mlen = sp.mseq and a.mtp:len(sp.mseq) or (sp.base or 0)
+  if mlen + sp.cn ~= self.fed then self:_spec_reset() end
+  local r = self:_spec_req()
+  spec.trim(a, r, true)
+  local ok, k = pcall(sp.policy.draft, sp.pstate,
+    { max = lim, steps = sp.steps, rate = sp.pstate.rate, load = 1, cost = model._spec_cost_fn })
+  if not ok then return true, { status = "error", error = "draft policy: " .. tostring(k) } end
+  if type(k) ~= "number" or k ~= math.floor(k) or k < 0 then
+    return true, { status = "error",
+      error = "draft policy: draft() returned " .. tostring(k) .. ", not an integer >= 0" }
+  end
+  k = math.min(k, lim)
+  if k == 0 then return false end
+  local e = { r = r, n = 1 }
+  local okd, derr = pcall(spec._draft, a, { { e = e, k = k } })
+  if not okd then
+    a.stats.draft_errors = (a.stats.draft_errors or 0) + 1
+    self.last_draft_error = derr
+    self:_spec_reset()
+    return false
+  end
+  if not e.drafts then return false end   -- no MTP slot or room: a plain step
+  local p0 = self.fed
+  local ent = spec.entry(e)
+  ent.eng = e   -- spec.capture keeps the streams of every verified row (e.cn0: the rows before)
+  local step = { after_forward = spec.capture }
+  local res = model:step({ ent }, step)
+  while not res and self:_relieve() do res = model:step({ ent }, step) end
+  if not res then
+    -- no room for the drafts: the catch-up rows of the drafted step are back in the MTP
+    -- sequence, the main cache is unchanged; a plain step follows
+    return false
+  end
+  local rows = res[1]
+  local acc0 = sp.accepted
+  spec.commit(a, e, rows, function(_, rr, row)
+    if rr.status ~= "running" then return nil end
+    local id, stop = pick(row)
+    if stop then rr.status = "done" end
+    return id
+  end)
+  local acc = sp.accepted - acc0
+  local keep = p0 + acc + 1
+  sp.cn = e.cn0 + acc + 1
+  if r.fallback or (self.seq:len() > keep and not self.seq:truncate(keep)) then
+    -- the roll-back was refused (it should not be): back to a snapshot or an empty sequence
+    self.fed = self.seq:len()
+    self:_rewind_cache(keep)
+    self:_spec_reset()
+  else
+    self.fed = keep
+    self:_keep_logits(rows[acc])
+    self.logits_at = keep
+  end
+  return true, r
 end
 
 -- ---------------------------------------------------------------- raw text and generation
@@ -433,11 +596,69 @@ function Session:_generate(opts)
     if write and text and text ~= "" then write(text) end
   end
   if self.trace_on then self.state:clear_trace() end
+  -- speculative decoding: this call's draft, else the session's; never with probes
+  local dcfg
+  local dx = opts.draft
+  if dx == nil then dx = self.draft end
+  if dx ~= nil and not self.probes then
+    dcfg = require("tide.speculate").parse(dx, 4)
+    if dcfg then self:_spec_state(dcfg) end
+  end
+  local sp = dcfg and self._spec
+  local sp0 = sp and { steps = sp.steps, drafted = sp.drafted, accepted = sp.accepted,
+    tokens = sp.verify_tokens }
   local t0 = tide.time()
   local ids = {}
-  local reason
+  local reason, failure
   local first = true
+  -- a pick from a verify row: the same generation call as a plain step's
+  local function pick(row)
+    local id, text, r = gen:step(row)
+    if id == nil then
+      emit(text)
+      reason = r
+      return nil, true
+    end
+    self.toks[#self.toks + 1] = id
+    ids[#ids + 1] = id
+    emit(text)
+    if r then reason = r return id, true end
+    if opts.on_token and opts.on_token(id, text, self) == false then
+      emit(gen:stop("stopped"))
+      reason = "stopped"
+      return id, true
+    end
+    return id, false
+  end
   while true do
+    if sp and not first and self.fed + 1 == #self.toks and self.logits_at == self.fed then
+      if self:_interrupted() then
+        emit(gen:stop("interrupted"))
+        reason = "interrupted"
+        break
+      end
+      local lim = math.min(sp.max, gen.max_tokens - gen.n_tokens - 1, self.model.max_tokens - 1)
+      if self.model.max_positions then lim = math.min(lim, self.model.max_positions - #self.toks - 1) end
+      if lim > 0 then
+        local td = tide.time()
+        local fed0 = self.fed
+        local ran, rr = self:_spec_step(sp, lim, pick)
+        local st = self.counters
+        st.decode_tokens = st.decode_tokens + math.max(0, self.fed - fed0)
+        st.t_decode = st.t_decode + (tide.time() - td)
+        if ran then
+          if rr.status == "error" then
+            failure = rr.error
+            emit(gen:stop("error"))
+            reason = "error"
+            break
+          end
+          if reason then break end
+          goto continue
+        end
+      end
+    end
+    do
     -- feed what the cache lacks (the prompt at first, then each new token)
     local synced = self:_sync(first, first and "prefill" or "decode")
     first = false
@@ -462,13 +683,22 @@ function Session:_generate(opts)
       reason = "stopped"
       break
     end
+    end
+    ::continue::
   end
   local dt = tide.time() - t0
   local r = setmetatable({
     text = gen:text(), tokens = ids, n_tokens = #ids, finish_reason = reason or gen.finish_reason,
-    error = gen.error, stop_string = gen.stop_string, seconds = dt,
+    error = failure or gen.error, stop_string = gen.stop_string, seconds = dt,
     tokens_per_s = #ids / math.max(dt, 1e-9),
   }, Reply)
+  if sp then
+    -- this reply's drafting: verify steps, drafts made and accepted, tokens per verify step
+    local n, d, acc = sp.steps - sp0.steps, sp.drafted - sp0.drafted, sp.accepted - sp0.accepted
+    local vt = sp.verify_tokens - sp0.tokens
+    r.speculation = { max = sp.max, policy = sp.policy.name, steps = n, drafted = d, accepted = acc,
+      acceptance = d > 0 and acc / d or nil, tokens_per_step = n > 0 and vt / n or nil }
+  end
   self.last = r
   return r
 end
@@ -623,6 +853,9 @@ function Session:fork()
   f.state:restore(self.state:snapshot())
   f.counters = { prefill_tokens = 0, decode_tokens = 0, t_prefill = 0, t_decode = 0 }
   f.last = nil
+  -- the MTP state is not shared: the branch's restarts at its position
+  f._spec, f._spec_eng = nil, nil
+  if f.draft and not f.probes then f:_spec_state(require("tide.speculate").parse(f.draft)) end
   return f
 end
 
@@ -692,7 +925,9 @@ function Session:stats()
     prefill_tokens_per_s = st.prefill_tokens / math.max(st.t_prefill, 1e-9),
     decode_tokens_per_s = st.decode_tokens / math.max(st.t_decode, 1e-9),
     last = self.last and { tokens = self.last.n_tokens, seconds = self.last.seconds,
-      tokens_per_s = self.last.tokens_per_s, finish_reason = self.last.finish_reason } or nil,
+      tokens_per_s = self.last.tokens_per_s, finish_reason = self.last.finish_reason,
+      speculation = self.last.speculation } or nil,
+    speculation = self._spec and require("tide.speculate").report({ spec = self._spec }) or nil,
   }
 end
 
@@ -730,6 +965,9 @@ function Session:set(o)
     elseif nk == "ignore_eos" then self.ignore_eos = v and true or false
     elseif nk == "thinking" then self.thinking = v and true or false
     elseif nk == "system" then self.system = v
+    elseif nk == "draft" then
+      local ok, err = pcall(self._set_draft, self, v)
+      if not ok then error("set: " .. tostring(err), 2) end
     elseif nk == "trace" then
       self.trace_on = v and true or false
       self.state.trace_on = self.trace_on
@@ -979,6 +1217,13 @@ end
 -- still held, compressed entries, indexer keys, compressor state) and the
 -- manifest (JSON: the model's identity, the settings, the sampler and its
 -- state, the exchanges). Returns true, or nil, message on an I/O failure.
+-- The session's default draft as the manifest keeps it (a policy given as
+-- a table is not saved: the loaded session drafts with the default policy).
+local function saved_draft(x)
+  if type(x) ~= "table" then return x end
+  return { max = x.max, policy = type(x.policy) == "string" and x.policy or nil }
+end
+
 function Session:save(path)
   if type(path) ~= "string" then error("save(path): path must be a string", 2) end
   self:_sync(false, "prefill")
@@ -1012,7 +1257,8 @@ function Session:save(path)
     cache = { geometry = cache_geometry(model), extents = extents },
     sampler = { spec = self.sampler_spec, state = sn, seed = self.state.seed, describe = self.sampler:describe() },
     settings = { system = self.system, max_tokens = self.max_tokens, stop = self.stop, ignore_eos = self.ignore_eos,
-      thinking = self.thinking, style = self.style, snapshots = self.max_snapshots, trace = self.trace_on },
+      thinking = self.thinking, style = self.style, snapshots = self.max_snapshots, trace = self.trace_on,
+      draft = saved_draft(self.draft) },
     turns = turns,
   }
   local text = get_json().encode(pack_numbers(manifest))
@@ -1085,6 +1331,7 @@ function M.load(model, path, opts)
     snapshots = opts.snapshots or set.snapshots,
     stream = opts.stream, print = opts.print, interrupt = opts.interrupt,
   }
+  if opts.draft ~= nil then o.draft = opts.draft else o.draft = set.draft end
   local s, serr = M.new(model, o)
   if not s then ck:close() return nil, "session_load: " .. tostring(serr) end
   local ok, e = pcall(function()
@@ -1154,6 +1401,8 @@ end
 
 -- Give the sequence and the snapshots back to the cache. Idempotent.
 function Session:close()
+  self:_spec_free()
+  self._spec = nil
   for i = #self.snaps, 1, -1 do self:_drop_snapshot(i) end
   if self.seq then self.seq:free() end
   self.seq = nil

@@ -94,6 +94,7 @@ local function block(eng)
   eng.mtp_window = tonumber(model.cache_cfg.window)
   return d
 end
+M.block = block
 
 -- Per-request state: r.spec.
 function M.attach(eng, r, cfg)
@@ -127,6 +128,8 @@ local function keep_rows(s, X, n)
   check(C.tide_tensor_copy(s.X:narrow(0, s.cn, n), X))
   s.cn = s.cn + n
 end
+
+M.keep_rows = keep_rows
 
 -- The MTP catch-up entry of request r (rows first..first+n-1 of its waiting
 -- streams; their next tokens are known: r.tokens). Position of row i: the MTP
@@ -170,6 +173,7 @@ local function restart(eng, r)
   if s.mseq then eng.mtp:free(s.mseq) end
   s.mseq, s.cn, s.base = nil, 0, r.computed
 end
+M.restart = restart
 
 -- A new MTP sequence for s, starting at s.base (the first position whose
 -- streams are kept; earlier positions are empty and never attended), or nil.
@@ -180,6 +184,30 @@ function new_mseq(eng, s)
     return nil
   end
   return id
+end
+
+-- A long wait without drafts (a prompt, or a policy drafting nothing) piles
+-- up catch-up rows; bound them. With `known` (every kept row's next token is
+-- in r.tokens) a compressed MTP layer catches up; without, it waits.
+function M.trim(eng, r, known)
+  local s = r.spec
+  if s.cn < eng.model.max_tokens + eng.mtp_window then return end
+  if eng.mtp.ratio == 1 then
+    -- keep only the last window's streams and drop the MTP sequence. Its entries are per-position
+    -- functions of these streams, and a draft attends only to the window before it, so restarting
+    -- the MTP sequence there (positions before it empty) gives the same drafts, bit for bit.
+    if s.mseq then eng.mtp:free(s.mseq) s.mseq = nil end
+    local W = eng.mtp_window
+    local tmp = tide.zeros({ W, s.X:size(1), s.X:size(2) })
+    check(C.tide_tensor_copy(tmp, s.X:narrow(0, s.cn - W, W)))
+    check(C.tide_tensor_copy(s.X:narrow(0, 0, W), tmp))
+    s.base = r.computed - W
+    s.cn = W
+  elseif known then
+    -- a compressed MTP layer needs every entry: catch up now
+    s.mseq = s.mseq or new_mseq(eng, s)
+    if s.mseq then flush(eng, r, 0) end
+  end
 end
 
 -- Before the step: decide and make the drafts. entries: the engine's { r, n }
@@ -194,25 +222,7 @@ function M.plan(eng, entries, fits)
   for _, e in ipairs(entries) do
     local r = e.r
     local s = r.spec
-    if s and r.seq and s.cn >= eng.model.max_tokens + eng.mtp_window then
-      if eng.mtp.ratio == 1 then
-        -- a long wait without drafts (a prompt, or a policy drafting nothing): keep only the last
-        -- window's streams and drop the MTP sequence. Its entries are per-position functions of
-        -- these streams, and a draft attends only to the window before it, so restarting the MTP
-        -- sequence there (positions before it empty) gives the same drafts, bit for bit.
-        if s.mseq then eng.mtp:free(s.mseq) s.mseq = nil end
-        local W = eng.mtp_window
-        local tmp = tide.zeros({ W, s.X:size(1), s.X:size(2) })
-        check(C.tide_tensor_copy(tmp, s.X:narrow(0, s.cn - W, W)))
-        check(C.tide_tensor_copy(s.X:narrow(0, 0, W), tmp))
-        s.base = r.computed - W
-        s.cn = W
-      else
-        -- a compressed MTP layer needs every entry: catch up now (every kept row's next token is known)
-        s.mseq = s.mseq or new_mseq(eng, s)
-        if s.mseq then flush(eng, r, 0) end
-      end
-    end
+    if s and r.seq then M.trim(eng, r, true) end
     -- (a request with probes never drafts: its probes would see rows that are rolled back)
     if s and e.n == 1 and #r.generated > 0 and r.computed + 1 == #r.tokens and not r.probes then
       local lim = math.min(s.max, r.max_tokens - #r.generated - 1, room, eng.model.max_tokens - 1)

@@ -39,13 +39,13 @@ do
 end
 
 -- start a server (files TMP/NAME.*): its pid and port; the shell records its exit status
-local function start(name, extra)
+local function start(name, extra, model)
   local base = TMP .. "/" .. name
   local pf, rcf = base .. ".port", base .. ".rc"
   os.remove(pf)
   os.remove(rcf)
   local cmd = string.format("%s serve --model %s --port 0 --port-file %s --api-key %s --sampler-dir %s "
-    .. "--context %d --timeout 3 --max-body 262144 %s", tm.q(tm.EXE), tm.q(DEMO), tm.q(pf), KEY,
+    .. "--context %d --timeout 3 --max-body 262144 %s", tm.q(tm.EXE), tm.q(model or DEMO), tm.q(pf), KEY,
     tm.q(TMP .. "/samplers"), CONTEXT, extra)
   os.execute(string.format("sh -c '%s > %s 2>&1 & echo $! > %s; wait $!; echo $? > %s' > /dev/null 2>&1 &",
     cmd:gsub("'", "'\\''"), tm.q(base .. ".log"), tm.q(base .. ".pid"), tm.q(rcf)))
@@ -115,6 +115,18 @@ local function stream_ids(c)
     end
   end
   return ids, table.concat(text), finish, usage
+end
+
+-- POST a JSON body with curl: status, decoded body (or the raw text), raw text
+local function post(port, path, body)
+  local bf, of = TMP .. "/post.json", TMP .. "/post.out"
+  write(bf, type(body) == "string" and body or cjson.encode(body))
+  local code = tm.sh(string.format("curl -s -N -o %s -w '%%{http_code}' -H 'Authorization: Bearer %s' "
+    .. "-H 'Content-Type: application/json' --data-binary @%s http://127.0.0.1:%d%s", tm.q(of), KEY, tm.q(bf), port,
+    path))
+  local text = read(of) or ""
+  local ok, v = pcall(cjson.decode, text)
+  return tonumber(code:match("%d+")), ok and v or text, text
 end
 
 local PID, PORT = start("main", "--parallel 16")
@@ -267,5 +279,81 @@ describe("tide serve", function()
     assert.is_true(r.a_tokens < 400)
     assert.is_true(r.a_ended_ms < 15000, "the running stream ended after the signal")
     assert.equal("0", exit_status("queue", 30), read(TMP .. "/queue.log"))
+  end)
+
+  it("takes a request's draft over --draft (0..4 or {max, policy}), reports its speculation, refuses bad values",
+    function()
+    -- the trained model has an MTP block; drafting never changes a token (docs/speculative.md)
+    local trained = os.getenv("TIDE_TRAINED_MODEL") or (tm.ROOT .. "/models/tide-tiny-en")
+    local pid, port = start("draft", "--parallel 4 --draft 2", trained)
+    local function body(extra)
+      local b = { prompt = "And the king said unto", max_tokens = 24, temperature = 0, return_token_ids = true }
+      for k, v in pairs(extra) do b[k] = v end
+      return b
+    end
+    local function ids(r) return r.choices[1].token_ids end
+    local st, plain = post(port, "/v1/completions", body({ draft = 0 }))
+    assert.equal(200, st)
+    assert.is_nil(plain.usage.speculation, "draft 0: no drafting")
+    local st2, def = post(port, "/v1/completions", body({}))
+    assert.equal(200, st2)
+    assert.same(ids(plain), ids(def))
+    local sp = def.usage.speculation
+    assert.equal(2, sp.max, "the server's --draft 2")
+    assert.equal("fixed", sp.policy)
+    assert.is_true(sp.drafted > 0 and sp.accepted > 0 and sp.accepted <= sp.drafted)
+    assert.near(sp.accepted / sp.drafted, sp.acceptance, 1e-9)
+    assert.is_true(sp.tokens_per_step > 1)
+    local st3, obj = post(port, "/v1/completions", body({ draft = { max = 3, policy = "adaptive" } }))
+    assert.equal(200, st3)
+    assert.same(ids(plain), ids(obj))
+    assert.equal(3, obj.usage.speculation.max)
+    assert.equal("adaptive", obj.usage.speculation.policy)
+    -- sampled: the same draws with and without drafts
+    local _, s0 = post(port, "/v1/completions", body({ temperature = 0.8, seed = 7, draft = 0 }))
+    local _, s4 = post(port, "/v1/completions", body({ temperature = 0.8, seed = 7, draft = 4 }))
+    assert.same(ids(s0), ids(s4))
+    assert.equal(4, s4.usage.speculation.max)
+    -- chat
+    local msgs = { { role = "user", content = "Who was the king?" } }
+    local _, c0 = post(port, "/v1/chat/completions", { messages = msgs, max_tokens = 16, temperature = 0,
+      return_token_ids = true, draft = 0 })
+    local stc, c1 = post(port, "/v1/chat/completions", { messages = msgs, max_tokens = 16, temperature = 0,
+      return_token_ids = true, draft = { max = 1 } })
+    assert.equal(200, stc)
+    assert.same(ids(c0), ids(c1))
+    assert.equal(1, c1.usage.speculation.max)
+    -- streamed: the usage chunk carries the figures
+    local sts, _, text = post(port, "/v1/completions", body({ stream = true, stream_options = { include_usage = true },
+      draft = 3 }))
+    assert.equal(200, sts)
+    local sids, usage = {}, nil
+    for line in text:gmatch("data: ([^\n]+)") do
+      if line ~= "[DONE]" then
+        local ch = cjson.decode(line)
+        if type(ch.usage) == "table" then usage = ch.usage end
+        for _, id in ipairs(ch.choices[1] and ch.choices[1].token_ids or {}) do sids[#sids + 1] = id end
+      end
+    end
+    assert.same(ids(plain), sids)
+    assert.equal(3, usage.speculation.max)
+    -- bad values: an OpenAI 400 naming the field, nothing runs
+    for _, bad in ipairs({ 5, -1, 1.5, "2", true, { max = 2, policy = "/tmp/x.lua" }, { max = 2, what = 1 },
+      { policy = "fixed" }, { max = 9 }, { 1 } }) do
+      local stb, e = post(port, "/v1/completions", body({ draft = bad }))
+      assert.equal(400, stb, cjson.encode(bad))
+      assert.equal("draft", e.error.param, cjson.encode(bad))
+      assert.equal("invalid_type", e.error.code)
+      assert.matches("draft", e.error.message)
+    end
+    local stok, again = post(port, "/v1/completions", body({}))
+    assert.equal(200, stok)
+    assert.same(ids(plain), ids(again))
+    -- the same request line through tide batch's mapping keeps the object
+    local line = assert(openai.completion_line(body({ draft = { max = 2, policy = "adaptive" } }), ctx))
+    local req = assert(require("tide.cli.batch").to_request(line, {}, {}, tok))
+    assert.same({ max = 2, policy = "adaptive" }, req.draft)
+    os.execute("kill -TERM " .. pid)
+    assert.equal("0", exit_status("draft", 30), read(TMP .. "/draft.log"))
   end)
 end)

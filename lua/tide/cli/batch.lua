@@ -48,7 +48,7 @@ local M = {
     .. "                  [--budget N] [--max-running N] [--cache-pages N] [--threads N] [sampling defaults]\n"
     .. "A request line: {\"prompt\": TEXT | \"tokens\": [ids], \"max_tokens\": N, \"seed\": S, \"stop\": [...],\n"
     .. "  \"priority\": P, \"logprobs\": N | true, \"ignore_eos\": bool, \"id\": any, \"sampler\": FILE,\n"
-    .. "  \"draft\": N (speculative decoding, as --draft),\n"
+    .. "  \"draft\": N or {\"max\": N, \"policy\": NAME|FILE} (speculative decoding, as --draft),\n"
     .. "  and sampling options by their option names (\"temp\", \"top_k\", \"top_p\", \"min_p\", ...)}.\n"
     .. "A result line: {\"line\", \"id\", \"finish_reason\", \"text\", \"tokens\", \"prompt_tokens\",\n"
     .. "  \"completion_tokens\", \"ttft\", \"time\", \"tokens_per_second\", \"preemptions\", \"speculation\" (with\n"
@@ -135,7 +135,7 @@ end
 -- ---------------------------------------------------------------- JSON in
 local REQ_KEYS = { prompt = "string", tokens = "ids", max_tokens = "int", n_predict = "int", seed = "number",
   stop = "stop", priority = "number", logprobs = "logprobs", n_probs = "int", ignore_eos = "boolean",
-  id = "any", sampler = "string", draft = "int" }
+  id = "any", sampler = "string", draft = "draft" }
 
 local function is_int(v) return type(v) == "number" and v == math.floor(v) end
 
@@ -171,6 +171,23 @@ local function to_request(obj, defaults, sampler_cache, tokenizer)
     elseif kind == "logprobs" then
       if type(v) ~= "boolean" and not is_int(v) then
         return nil, "field 'logprobs' must be true, false or an integer"
+      end
+    elseif kind == "draft" then
+      -- N, or {"max": N, "policy": NAME} (tide.speculate.parse checks the values at submit)
+      if type(v) == "table" then
+        if v[1] ~= nil then return nil, "field 'draft' must be an integer or {\"max\": N, \"policy\": NAME}" end
+        for dk, dv in pairs(v) do
+          if dk == "max" then
+            if not is_int(dv) then return nil, "field 'draft': max must be an integer" end
+          elseif dk == "policy" then
+            if type(dv) ~= "string" then return nil, "field 'draft': policy must be a string" end
+          else
+            return nil, "field 'draft': unknown field '" .. tostring(dk) .. "' (max, policy)"
+          end
+        end
+        v = { max = v.max, policy = v.policy }
+      elseif not is_int(v) then
+        return nil, "field 'draft' must be an integer or {\"max\": N, \"policy\": NAME}"
       end
     elseif kind == "any" then
       if type(v) == "table" then return nil, "field 'id' must be a string or a number" end

@@ -12,6 +12,7 @@ local batch = require("tide.cli.batch")
 
 local M = {}
 local null = json.null
+M.MAX_DRAFT = 4   -- most draft tokens a request may ask for
 
 -- ---------------------------------------------------------------- errors
 -- An error result: { status, body = { error = { message, type, param, code } }, headers }.
@@ -70,6 +71,27 @@ local COMMON = {
   end,
   user = str, n_probs = int_in(0, 20), sampler = str, return_token_ids = bool, ignore_eos = bool,
   priority = function(v) if not is_num(v) then return "must be a number" end end,
+  -- speculative decoding per request (docs/speculative.md): k, or {max = k, policy = built-in name};
+  -- 0 turns off the server's --draft default. A policy is never a file path here.
+  draft = function(v)
+    if is_int(v) then
+      if v < 0 or v > M.MAX_DRAFT then return "must be an integer in 0.." .. M.MAX_DRAFT .. " or {max, policy}" end
+      return
+    end
+    if type(v) ~= "table" or v[1] ~= nil then
+      return "must be an integer in 0.." .. M.MAX_DRAFT .. " or {max, policy}"
+    end
+    for k, x in pairs(v) do
+      if k == "max" then
+        if not is_int(x) or x < 0 or x > M.MAX_DRAFT then return "max must be an integer in 0.." .. M.MAX_DRAFT end
+      elseif k == "policy" then
+        if x ~= "fixed" and x ~= "adaptive" then return "policy must be \"fixed\" or \"adaptive\"" end
+      else
+        return "has an unknown field '" .. tostring(k) .. "' (max, policy)"
+      end
+    end
+    if v.max == nil then return "needs max" end
+  end,
 }
 local CHAT = { messages = any, max_completion_tokens = int_in(1), logprobs = bool, top_logprobs = int_in(0, 20) }
 local COMPLETION = {
@@ -167,6 +189,8 @@ local function fill_line(body, ctx, ids, line)
   line.ignore_eos = val(body, "ignore_eos")
   line.priority = val(body, "priority")
   line.n_probs = val(body, "n_probs")
+  local d = val(body, "draft")
+  if type(d) == "table" then line.draft = { max = d.max, policy = d.policy } else line.draft = d end
   -- sampler options: OpenAI names, then tide's own names
   local t = val(body, "temperature")
   if t ~= nil and val(body, "temp") ~= nil then return err(400, "give temperature or temp, not both", "temp") end
@@ -353,9 +377,17 @@ end
 local FINISH = { stop = "stop", length = "length", cancelled = "stop" }
 M.FINISH = FINISH
 
+-- usage, with tide's `speculation` figures when the request drafted
+-- ({max, policy, steps, drafted, accepted, acceptance, tokens_per_step}).
 function M.usage(res)
-  return { prompt_tokens = res.prompt_tokens, completion_tokens = res.completion_tokens,
+  local u = { prompt_tokens = res.prompt_tokens, completion_tokens = res.completion_tokens,
     total_tokens = res.prompt_tokens + res.completion_tokens }
+  local sp = res.speculation
+  if sp then
+    u.speculation = { max = sp.max, policy = sp.policy, steps = sp.steps, drafted = sp.drafted,
+      accepted = sp.accepted, acceptance = sp.acceptance, tokens_per_step = sp.tokens_per_step }
+  end
+  return u
 end
 
 -- The whole (non-streamed) answer of a finished request.
