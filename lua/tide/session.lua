@@ -435,6 +435,10 @@ end
 
 -- The MTP state for cfg (made on first use, restarting at the fed position).
 function Session:_spec_state(cfg)
+  if cfg.accept == "rejection" then
+    -- with the rule the reply would depend on the MTP state, which restarts at every undo
+    error("draft: sessions take accept = \"chain\" only (the exact pick; docs/speculative.md)", 0)
+  end
   local a = self:_spec_engine()
   local sp = self._spec
   if not sp then

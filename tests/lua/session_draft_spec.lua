@@ -149,6 +149,8 @@ describe("sessions that speculate", function()
     q:append("And the king said unto")
     assert.has_error(function() q:generate({ draft = "three" }) end)
     assert.has_error(function() q:set({ draft = { max = 2, what = 1 } }) end)
+    assert.has_error(function() q:generate({ draft = { max = 2, accept = "rejection" } }) end,
+      "draft: sessions take accept = \"chain\" only (the exact pick; docs/speculative.md)")
     q:set({ draft = 2 })
     assert.equals(2, q:generate({ max_tokens = 6 }).speculation.max)
     -- a draft policy that raises: the reply ends with the error, the session goes on
