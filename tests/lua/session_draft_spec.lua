@@ -169,4 +169,25 @@ describe("sessions that speculate", function()
     q:close()
     assert.equals(0, m:cache_stats().seqs, "every sequence freed")
   end)
+
+  it("tide chat --draft: the same replies, the figures in /stats", function()
+    local tm = require("testmodels")
+    local input = TMP .. "/chat.in"
+    local f = assert(io.open(input, "w"))
+    f:write("Who was the king?\n/undo\nAnd what did he say?\n/stats\n/quit\n")
+    f:close()
+    local function chat(extra)
+      local out, rc = tm.sh(string.format("%s chat --model %s --max-tokens 16 --temp 0.8 --seed 3 --threads 1 %s < %s",
+        tm.q(tm.EXE), tm.q(DIR), extra, tm.q(input)))
+      assert.equals(0, rc, out)
+      return out
+    end
+    local plain, drafted = chat(""), chat("--draft 2")
+    local function replies(out)   -- without the figures and the timings
+      return (out:gsub("drafts %(MTP.-\n", ""):gsub("[%d.]+ tokens/s", ""):gsub("in [%d.]+ s", ""))
+    end
+    assert.equals(replies(plain), replies(drafted))
+    assert.matches("drafts %(MTP, up to 2%): %d+ drafted", drafted)
+    assert.not_matches("drafts %(MTP", plain)
+  end)
 end)
