@@ -13,10 +13,15 @@
 -- MTP-block step, as multiples of the 1-token step; on the bench checkpoint
 -- (Flash shapes, bandwidth-bound) this is what a draft costs.
 --   tide scripts/bench_spec.lua --cost [--model DIR] [--context N] [--threads T]
+-- --session instead times one tide.session generating --tokens tokens (EOS
+-- ignored) after a short prompt: off, k = 1..4 and adaptive, greedy and 0.8
+-- (the same tokens as off, checked), median of --rounds interleaved rounds.
+--   tide scripts/bench_spec.lua --session [--model DIR] [--tokens N] [--rounds R] [--cpu]
 -- The machine may be shared: expect +-20% on the rates.
 local tide = require("tide")
 
 local dir, n, rounds, threads, cost, ctx, clock = nil, 64, 3, 1, false, 512, tide.time
+local session = false
 local i = 1
 while arg and arg[i] do
   local a = arg[i]
@@ -26,6 +31,7 @@ while arg and arg[i] do
   elseif a == "--threads" then i = i + 1; threads = tonumber(arg[i])
   elseif a == "--context" then i = i + 1; ctx = tonumber(arg[i])
   elseif a == "--cost" then cost = true
+  elseif a == "--session" then session = true
   elseif a == "--cpu" then clock = os.clock
   else error("bench_spec: unknown argument " .. a) end
   i = i + 1
@@ -38,6 +44,42 @@ local function median(t)
   for j, x in ipairs(t) do s[j] = x end
   table.sort(s)
   return s[math.floor((#s + 1) / 2)]
+end
+
+if session then
+  local m = assert(tide.model(dir, { max_tokens = 16, cache = { context = n + 64, max_seqs = 4 } }))
+  local cfgs = { 0, 1, 2, 3, 4, { max = 4, policy = "adaptive" } }
+  local function name(d) return type(d) == "table" and "adaptive (4)" or (d == 0 and "off" or tostring(d)) end
+  print("| sampling | draft k | tokens/s | x off | acceptance | tokens/verify step |")
+  print("|---|---|---:|---:|---:|---:|")
+  for _, smp in ipairs({ { temp = 0 }, { temp = 0.8 } }) do
+    local times, last, ref = {}, {}, nil
+    for _ = 1, rounds do
+      for ci, d in ipairs(cfgs) do
+        local s = assert(m:session{ print = false, sampler = smp, seed = 1, max_tokens = n,
+          draft = d ~= 0 and d or nil })
+        s:append("And it came to pass, when the king")
+        s:_sync(false, "prefill")
+        local t0 = clock()
+        local r = s:generate{ ignore_eos = true }
+        local dt = clock() - t0
+        s:close()
+        ref = ref or r.tokens
+        assert(table.concat(ref, ",") == table.concat(r.tokens, ","), "draft " .. name(d) .. " changed the tokens")
+        times[ci] = times[ci] or {}
+        table.insert(times[ci], r.n_tokens / dt)
+        last[ci] = r
+      end
+    end
+    for ci, d in ipairs(cfgs) do
+      local sp = last[ci].speculation
+      print(string.format("| %s | %s | %.0f | %.2f | %s | %s |", smp.temp == 0 and "greedy" or "temp 0.8", name(d),
+        median(times[ci]), median(times[ci]) / median(times[1]),
+        sp and sp.acceptance and string.format("%.0f%%", 100 * sp.acceptance) or "-",
+        sp and sp.tokens_per_step and string.format("%.2f", sp.tokens_per_step) or "-"))
+    end
+  end
+  return
 end
 
 if cost then

@@ -185,8 +185,9 @@ local SPEC_KEYS = { prompt = true, tokens = true, max_tokens = true, sampler = t
 --   trace = bool, ignore_eos = bool, on_token = function(h, id, text), tag = any,
 --   probes = { probe, ... } (tide.probe: on this request's rows only; a
 --   failing probe ends this request with finish_reason "error"),
---   draft = k | { max = k, policy = "fixed" | "adaptive" | file | table, opts = {} }
---   (speculative decoding with the MTP block, same tokens; tide.speculate;
+--   draft = k | { max = k, policy = "fixed" | "adaptive" | file | table, opts = {},
+--   accept = "chain" | "rejection" } (speculative decoding with the MTP block,
+--   same tokens; "rejection": the same distribution instead; tide.speculate;
 --   0 or false: none even when the engine has a default) }
 -- Returns a handle. Misuse (bad types, unknown fields, ids outside the
 -- vocabulary) raises; a request that could never fit (beyond the model's
@@ -649,9 +650,9 @@ end
 
 -- Sample r's next token from its logits row with its own sampler state; a
 -- sampler (or on_token callback) that raises ends only this request.
-function Engine:_sample(r, row)
+function Engine:_sample(r, row, choose)
   if r.status ~= "running" then return end   -- cancelled by a callback earlier in this step
-  local ok, tok, text, reason = pcall(r.gen.step, r.gen, row)
+  local ok, tok, text, reason = pcall(r.gen.step, r.gen, row, choose)
   if not ok then
     self:_finish(r, "error", "sampling: " .. tostring(tok))
     return

@@ -162,13 +162,15 @@ end
 
 -- Sample from a logits row, accept the token, record it. Returns token,
 -- text, finish reason; on a sampling error nil, "", "error" (g.error says
--- why; this request ends, the state stays usable).
-function Gen:step(row)
+-- why; this request ends, the state stays usable). `choose(state, row) ->
+-- token, info` replaces state:sample (speculative rejection sampling).
+function Gen:step(row, choose)
   if self.finish_reason then error("step: the request has finished (" .. self.finish_reason .. ")", 2) end
   if self.max_tokens and self.n_tokens >= self.max_tokens then
     return nil, finish(self, "length"), "length"
   end
-  local tok, info = self.state:sample(row)
+  local tok, info
+  if choose then tok, info = choose(self.state, row) else tok, info = self.state:sample(row) end
   if not tok then
     self.error = info
     return nil, finish(self, "error"), "error"

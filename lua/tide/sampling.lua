@@ -337,6 +337,74 @@ function State:sample(row)
   return token, info
 end
 
+-- The stages whose distribution state:distribution can give: each is a
+-- function of the row and the history alone (no generator, no value that
+-- changes with the token drawn), and the chain ends with dist or greedy.
+M.DISTRIBUTION_STAGES = { temperature = true, top_k = true, top_p = true, min_p = true, typical = true,
+  top_n_sigma = true, logit_bias = true, penalties = true, dry = true, dynatemp = true, dist = true, greedy = true }
+
+-- nil when state:distribution works for this chain, else why not (the stage).
+function Sampler:distribution_problem()
+  for i, st in ipairs(self.stages) do
+    if st.user or not M.DISTRIBUTION_STAGES[st.name] then
+      return string.format("stage %d (%s) %s", i, tostring(st.name), st.user and "is a Lua function"
+        or "draws from the generator or keeps a value that follows the drawn token")
+    end
+  end
+end
+
+-- kind = state:distribution(row, c): the distribution this state's chain
+-- would draw the next token from, into the candidate set c (core.candidates),
+-- without drawing, touching the generator or changing any state. kind is
+-- "dist" (c holds the candidates left with their probabilities c.p) or
+-- "greedy" (c.selected is the token's position: a point mass). Raises for a
+-- chain sampler:distribution_problem() refuses.
+function State:distribution(row, c)
+  local S = self.sampler
+  if self.version ~= S.version then build_stage_states(self, saved_values(self)) end
+  local why = S:distribution_problem()
+  if why then error("distribution: " .. why, 2) end
+  tffi.check(C.tide_cands_load(c, row, 0), 2)
+  local stages, ss = self.stages, self.ss
+  for i = 1, #stages do
+    local st = stages[i]
+    if st.final then
+      if st.name == "greedy" then
+        c:argmax()
+        return "greedy"
+      end
+      break
+    end
+    st:apply(c, self, ss[i])
+  end
+  c.selected = -1
+  c:softmax()
+  return "dist"
+end
+
+-- token, info = state:chosen(row, c, pos): commit to position pos of the
+-- distribution c that state:distribution(row, c) made (a token chosen by a
+-- rule outside the chain, e.g. speculative rejection sampling): the same
+-- info as state:sample gives (info.p, logprobs), counted as sampled. The
+-- history is not touched (the caller accepts the token, as after sample).
+function State:chosen(row, c, pos)
+  local token = c.id[pos]
+  local info = { n_candidates = c.n }
+  if c.has_p == 1 then info.p = c.p[pos] end
+  local n = self.logprobs
+  if n then
+    tffi.check(C.tide_cands_softmax(c))
+    info.p = c.p[pos]
+    info.sampled_logprob = c.logit[pos] - c.lse
+    local k = n > 0 and C.tide_cands_topn(c, n, self.lp_ids, self.lp_vals) or 0
+    info.sampled_top = top_list(self.lp_ids, self.lp_vals, k)
+    local raw = core.row_logprobs(row, token, n)
+    info.raw_logprob, info.raw_rank, info.raw_top = raw.logprob, raw.rank, raw.top
+  end
+  self.n_sampled = self.n_sampled + 1
+  return token, info
+end
+
 -- The trace records so far (trace = true): one per sampled token,
 -- { step, token, p, n, entropy, stages = {{stage, index, n_in, n_out,
 -- mass_in, mass_raw, entropy}, ...} }; with trace_top = N also raw_top and

@@ -150,7 +150,6 @@ end
 --   draft        speculative decoding by default in generate/say/regen: k
 --                or { max = k, policy = ... } as in tide.engine's submit
 --                (docs/speculative.md); the same tokens as without
-
 -- Returns the session, or nil, message when the cache has no free sequence
 -- slot or the sampler cannot be built.
 function M.new(model, opts)
@@ -435,6 +434,10 @@ end
 
 -- The MTP state for cfg (made on first use, restarting at the fed position).
 function Session:_spec_state(cfg)
+  if cfg.accept == "rejection" then
+    -- with the rule the reply would depend on the MTP state, which restarts at every undo
+    error("draft: sessions take accept = \"chain\" only (the exact pick; docs/speculative.md)", 0)
+  end
   local a = self:_spec_engine()
   local sp = self._spec
   if not sp then
@@ -442,7 +445,7 @@ function Session:_spec_state(cfg)
     require("tide.speculate").attach(a, r, cfg)
     sp = r.spec
     sp.base = self.fed
-        self._spec = sp
+    self._spec = sp
   elseif sp.max ~= cfg.max or sp.policy ~= cfg.policy then
     sp.max = cfg.max
     if sp.policy ~= cfg.policy then sp.policy, sp.pstate = cfg.policy, cfg.policy.new(cfg.opts) end
@@ -1010,7 +1013,7 @@ function Session:settings()
   local o = {
     max_tokens = self.max_tokens, seed = self.seed, stop = self.stop, ignore_eos = self.ignore_eos,
     thinking = self.thinking and true or false, trace = self.trace_on, sampler = self.sampler:describe(),
-    sampler_kind = self.sampler_spec.kind,
+    sampler_kind = self.sampler_spec.kind, draft = self.draft,
   }
   if self.sampler_spec.kind == "options" then
     o.options = deep_copy(self.sampler_spec.options)
@@ -1212,11 +1215,6 @@ local function cache_geometry(model)
     keep_swa_history = cs.keep_swa_history }
 end
 
--- Write the session to `path`: one safetensors file holding the tokens, the
--- logits of the last position, every layer's cache rows (sliding window
--- still held, compressed entries, indexer keys, compressor state) and the
--- manifest (JSON: the model's identity, the settings, the sampler and its
--- state, the exchanges). Returns true, or nil, message on an I/O failure.
 -- The session's default draft as the manifest keeps it (a policy given as
 -- a table is not saved: the loaded session drafts with the default policy).
 local function saved_draft(x)
@@ -1224,6 +1222,11 @@ local function saved_draft(x)
   return { max = x.max, policy = type(x.policy) == "string" and x.policy or nil }
 end
 
+-- Write the session to `path`: one safetensors file holding the tokens, the
+-- logits of the last position, every layer's cache rows (sliding window
+-- still held, compressed entries, indexer keys, compressor state) and the
+-- manifest (JSON: the model's identity, the settings, the sampler and its
+-- state, the exchanges). Returns true, or nil, message on an I/O failure.
 function Session:save(path)
   if type(path) ~= "string" then error("save(path): path must be a string", 2) end
   self:_sync(false, "prefill")

@@ -65,14 +65,17 @@ function M.parse(x, level)
   if is_int(x) then x = { max = x } end
   if type(x) ~= "table" then error("draft must be a number or { max = k, policy = ... }", level) end
   for k in pairs(x) do
-    if k ~= "max" and k ~= "policy" and k ~= "opts" then
+    if k ~= "max" and k ~= "policy" and k ~= "opts" and k ~= "accept" then
       error("draft: unknown field '" .. tostring(k) .. "'", level)
     end
   end
   local k = x.max
   if not is_int(k) or k < 0 or k > 16 then error("draft.max must be an integer in 0..16", level) end
+  if x.accept ~= nil and x.accept ~= "chain" and x.accept ~= "rejection" then
+    error("draft.accept must be \"chain\" (the default) or \"rejection\"", level)
+  end
   if k == 0 then return nil end
-  return { max = k, policy = M.load_policy(x.policy, level), opts = x.opts }
+  return { max = k, policy = M.load_policy(x.policy, level), opts = x.opts, accept = x.accept or "chain" }
 end
 
 -- The engine's MTP block, or raises. Made on first use and kept on the model
@@ -96,11 +99,25 @@ local function block(eng)
 end
 M.block = block
 
--- Per-request state: r.spec.
+-- Per-request state: r.spec. With accept = "rejection" the request's sampler
+-- chain must be one whose distribution can be computed (raises otherwise).
 function M.attach(eng, r, cfg)
+  local rej = nil
+  if cfg.accept == "rejection" then
+    local state = r.gen and r.gen.state
+    if not state then error("draft: accept = \"rejection\" is for engine requests", 0) end
+    local why = state.sampler:distribution_problem()
+    if why then
+      error("draft: accept = \"rejection\" needs a sampler chain whose distribution can be computed; " .. why, 0)
+    end
+    -- a greedy chain: the rule is the exact pick (point masses), so keep that path and its bits
+    local last = state.sampler.stages[#state.sampler.stages]
+    if last.name ~= "greedy" then rej = { state = state, qc = {} } end
+  end
   block(eng)
   local net = eng.model.net
   r.spec = {
+    rejection = rej, accept = cfg.accept,
     max = cfg.max, policy = cfg.policy, pstate = cfg.policy.new(cfg.opts),
     mseq = nil,                        -- MTP sequence (nil until first needed / after preemption)
     X = tide.zeros({ 16, net.hc, net.d }), cn = 0,   -- main streams waiting for the MTP catch-up
@@ -264,6 +281,55 @@ function M.plan(eng, entries, fits)
   return ended
 end
 
+-- Draft j of a request from the MTP's logits row: its argmax, or with the
+-- rejection rule a draw from q_j, the distribution the request's chain gives
+-- for the row (with the committed history: drafts before j are not in it,
+-- which only lowers acceptance), kept for the verify.
+local function draft_of(s, row, j)
+  local rj = s.rejection
+  if not rj then return row:argmax() end
+  local c = rj.qc[j]
+  if not c then
+    c = require("tide.sampling.core").candidates(row:numel())
+    rj.qc[j] = c
+  end
+  rj.state:distribution(row, c)
+  return c.id[c:draw(rj.state.rng)]
+end
+
+-- The rejection rule (Leviathan et al. 2023; Chen et al. 2023) for draft d
+-- (the j-th, drawn from q = rj.qc[j]) on its verify row: p = the chain's
+-- distribution of the row; d is kept with probability min(1, p(d)/q(d)),
+-- else the token comes from max(0, p - q) normalised, drawn exactly by
+-- drawing x ~ p and keeping it with probability max(0, 1 - q(x)/p(x)). The
+-- generator is the request's. Returns a gen:step chooser.
+local REJECT_DRAWS = 1000000   -- residual draws at most (then a draw from p; p ~= q makes this unreachable)
+local function rejection_choose(rj, d, j)
+  return function(state, row)
+    local pc = rj.pc
+    if not pc then
+      pc = require("tide.sampling.core").candidates(row:numel())
+      rj.pc = pc
+    end
+    state:distribution(row, pc)
+    local q = rj.qc[j]
+    local function prob(c, id)
+      local pos = C.tide_cands_find(c, id)
+      return pos >= 0 and c.p[pos] or 0
+    end
+    local rng = state.rng
+    local pd = prob(pc, d)
+    if rng:uniform() * prob(q, d) < pd then return state:chosen(row, pc, C.tide_cands_find(pc, d)) end
+    rj.rejected = (rj.rejected or 0) + 1
+    for _ = 1, REJECT_DRAWS do
+      local pos = pc:draw(rng)
+      local px = pc.p[pos]
+      if rng:uniform() * px < px - prob(q, pc.id[pos]) then return state:chosen(row, pc, pos) end
+    end
+    return state:chosen(row, pc, pc:draw(rng))
+  end
+end
+
 -- Make the drafts of `want` ({ e, k } per drafting request); sets e.drafts, e.n.
 function M._draft(eng, want)
   local d = eng.mtp
@@ -286,7 +352,7 @@ function M._draft(eng, want)
   local res = d:step(batch)
   if not res then return end   -- the MTP cache is full: no drafts this step
   for i, w in ipairs(want) do
-    w.drafts = { res[i]:argmax() }
+    w.drafts = { draft_of(w.e.r.spec, res[i], 1) }
     w.h = d.out:narrow(0, d.first[i] + batch[i].hidden:size(0) - 1, 1):clone()
     w.e.r.spec.cn = 0
   end
@@ -311,7 +377,7 @@ function M._draft(eng, want)
         local rr = d:step(b)
         if not rr then break end   -- the MTP cache is full: the drafts so far
         for i, w in ipairs(who) do
-          w.drafts[j] = rr[i]:argmax()
+          w.drafts[j] = draft_of(w.e.r.spec, rr[i], j)
           check(C.tide_tensor_copy(w.h, d.out:narrow(0, d.first[i], 1)))
         end
       end
@@ -396,8 +462,10 @@ function M.commit(eng, e, rows, sample)
   local k = #e.drafts
   local p0 = r.computed   -- the engine leaves it to this function
   local a, n = 0, 0
+  local rj = s.rejection
   while true do
-    local tok = sample(eng, r, rows[a])
+    -- (with the rejection rule, a draft's row picks by the rule; the bonus row by the chain)
+    local tok = sample(eng, r, rows[a], rj and a < k and rejection_choose(rj, e.drafts[a + 1], a + 1) or nil)
     if tok == nil then break end
     n = n + 1
     if a < k and tok == e.drafts[a + 1] and r.status == "running" then a = a + 1 else break end
@@ -434,7 +502,8 @@ end
 function M.report(r)
   local s = r.spec
   if not s then return nil end
-  return { max = s.max, policy = s.policy.name, steps = s.steps, drafted = s.drafted, accepted = s.accepted,
+  return { max = s.max, policy = s.policy.name, accept = s.accept ~= "chain" and s.accept or nil,
+    steps = s.steps, drafted = s.drafted, accepted = s.accepted,
     acceptance = s.drafted > 0 and s.accepted / s.drafted or nil,
     tokens_per_step = s.steps > 0 and s.verify_tokens / s.steps or nil }
 end

@@ -314,6 +314,18 @@ describe("tide serve", function()
     local _, s4 = post(port, "/v1/completions", body({ temperature = 0.8, seed = 7, draft = 4 }))
     assert.same(ids(s0), ids(s4))
     assert.equal(4, s4.usage.speculation.max)
+    -- the rejection rule: greedy the same ids; sampled its own draws, reported; a stateful chain refused
+    local _, gr = post(port, "/v1/completions", body({ draft = { max = 2, accept = "rejection" } }))
+    assert.same(ids(plain), ids(gr))
+    local str, sr = post(port, "/v1/completions", body({ temperature = 0.8, seed = 7,
+      draft = { max = 2, accept = "rejection" } }))
+    assert.equal(200, str)
+    assert.equal(24, #ids(sr))
+    assert.equal("rejection", sr.usage.speculation.accept)
+    local stm, em = post(port, "/v1/completions", body({ temperature = 0.8, mirostat = 2,
+      draft = { max = 2, accept = "rejection" } }))
+    assert.equal(400, stm)
+    assert.matches("mirostat", em.error.message)
     -- chat
     local msgs = { { role = "user", content = "Who was the king?" } }
     local _, c0 = post(port, "/v1/chat/completions", { messages = msgs, max_tokens = 16, temperature = 0,
@@ -339,7 +351,7 @@ describe("tide serve", function()
     assert.equal(3, usage.speculation.max)
     -- bad values: an OpenAI 400 naming the field, nothing runs
     for _, bad in ipairs({ 5, -1, 1.5, "2", true, { max = 2, policy = "/tmp/x.lua" }, { max = 2, what = 1 },
-      { policy = "fixed" }, { max = 9 }, { 1 } }) do
+      { policy = "fixed" }, { max = 9 }, { 1 }, { max = 2, accept = "maybe" } }) do
       local stb, e = post(port, "/v1/completions", body({ draft = bad }))
       assert.equal(400, stb, cjson.encode(bad))
       assert.equal("draft", e.error.param, cjson.encode(bad))

@@ -149,6 +149,8 @@ describe("sessions that speculate", function()
     q:append("And the king said unto")
     assert.has_error(function() q:generate({ draft = "three" }) end)
     assert.has_error(function() q:set({ draft = { max = 2, what = 1 } }) end)
+    assert.has_error(function() q:generate({ draft = { max = 2, accept = "rejection" } }) end,
+      "draft: sessions take accept = \"chain\" only (the exact pick; docs/speculative.md)")
     q:set({ draft = 2 })
     assert.equals(2, q:generate({ max_tokens = 6 }).speculation.max)
     -- a draft policy that raises: the reply ends with the error, the session goes on
@@ -166,5 +168,26 @@ describe("sessions that speculate", function()
     plain:close()
     q:close()
     assert.equals(0, m:cache_stats().seqs, "every sequence freed")
+  end)
+
+  it("tide chat --draft: the same replies, the figures in /stats", function()
+    local tm = require("testmodels")
+    local input = TMP .. "/chat.in"
+    local f = assert(io.open(input, "w"))
+    f:write("Who was the king?\n/undo\nAnd what did he say?\n/stats\n/quit\n")
+    f:close()
+    local function chat(extra)
+      local out, rc = tm.sh(string.format("%s chat --model %s --max-tokens 16 --temp 0.8 --seed 3 --threads 1 %s < %s",
+        tm.q(tm.EXE), tm.q(DIR), extra, tm.q(input)))
+      assert.equals(0, rc, out)
+      return out
+    end
+    local plain, drafted = chat(""), chat("--draft 2")
+    local function replies(out)   -- without the figures and the timings
+      return (out:gsub("drafts %(MTP.-\n", ""):gsub("[%d.]+ tokens/s", ""):gsub("in [%d.]+ s", ""))
+    end
+    assert.equals(replies(plain), replies(drafted))
+    assert.matches("drafts %(MTP, up to 2%): %d+ drafted", drafted)
+    assert.not_matches("drafts %(MTP", plain)
   end)
 end)

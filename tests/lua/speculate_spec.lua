@@ -201,4 +201,75 @@ describe("speculative decoding in the engine", function()
     assert.has_error(function() eng:submit{ prompt = "x", draft = { max = 2, policy = "nope" } } end)
     assert.has_error(function() eng:submit{ prompt = "x", draft = { max = 2, extra = 1 } } end)
   end)
+
+  it("accept = rejection: greedy the same bits, sampled the same distribution (chi-square), stateful chains refused",
+    function()
+    -- greedy: the rule with point masses is the exact pick
+    local g = requests()
+    for _, sp in ipairs(g) do sp.sampler = { temp = 0 } end
+    local gbase = run(big, { budget = 32 }, g)
+    for _, sp in ipairs(g) do sp.draft = { max = 3, accept = "rejection" } end
+    local gres = run(big, { budget = 32 }, g)
+    for i = 1, #g do same(gbase[i], gres[i], "greedy, request " .. i) end
+    -- chains with a stage that draws or follows the drawn token are refused, naming it
+    local eng = tide.engine(big, { budget = 32 })
+    assert.has_error(function()
+      eng:submit{ prompt = "x", sampler = { temp = 0.8, mirostat = 2 }, draft = { max = 2, accept = "rejection" } }
+    end, "draft: accept = \"rejection\" needs a sampler chain whose distribution can be computed; stage 2 "
+      .. "(mirostat_v2) draws from the generator or keeps a value that follows the drawn token")
+    assert.has_error(function() eng:submit{ prompt = "x", draft = { max = 2, accept = "maybe" } } end)
+    eng:close()
+    -- sampled: tokens 2..4 (verified from drafts) of R requests, each with its own seed, against plain
+    -- sampling with other seeds: a two-sample chi-square per position; the same test tells plain
+    -- sampling at another temperature apart (it has the power to fail)
+    local R = 800
+    local wide = assert(tide.model(DIR, { max_tokens = 64, cache = { context = 64, max_seqs = 32 } }))
+    local function sample(first, temp, draft)
+      local specs = {}
+      for i = 1, R do
+        specs[i] = { prompt = "And the king said unto", max_tokens = 4, seed = first + i, ignore_eos = true,
+          sampler = { temp = temp, top_k = 20 }, draft = draft }
+      end
+      local res = run(wide, { budget = 64 }, specs)
+      local counts, drafted, accepted = { {}, {}, {}, {} }, 0, 0
+      for _, r in ipairs(res) do
+        assert.equals(4, #r.tokens)
+        for pos = 1, 4 do counts[pos][r.tokens[pos]] = (counts[pos][r.tokens[pos]] or 0) + 1 end
+        if r.speculation then drafted, accepted = drafted + r.speculation.drafted, accepted + r.speculation.accepted end
+      end
+      return counts, drafted, accepted
+    end
+    local function chi2(a, b)   -- equal sample sizes
+      local x2, bins, ra, rb = 0, 0, 0, 0
+      local ids = {}
+      for id in pairs(a) do ids[id] = true end
+      for id in pairs(b) do ids[id] = true end
+      for id in pairs(ids) do
+        local x, y = a[id] or 0, b[id] or 0
+        if x + y >= 10 then
+          x2, bins = x2 + (x - y) ^ 2 / (x + y), bins + 1
+        else
+          ra, rb = ra + x, rb + y
+        end
+      end
+      if ra + rb > 0 then x2, bins = x2 + (ra - rb) ^ 2 / (ra + rb), bins + 1 end
+      local df = math.max(bins - 1, 1)
+      local w = 2 / (9 * df)
+      return x2, df * (1 - w + 3.09 * math.sqrt(w)) ^ 3   -- the 0.999 quantile (Wilson-Hilferty)
+    end
+    local plain = sample(0, 1.0, nil)
+    local rej, drafted, accepted = sample(10 * R, 1.0, { max = 3, accept = "rejection" })
+    local _, cdrafted, caccepted = sample(20 * R, 1.0, { max = 3 })
+    local hot = sample(30 * R, 1.5, nil)
+    assert.is_true(drafted - accepted > R / 10, "drafts rejected: " .. (drafted - accepted))
+    assert.is_true(accepted / drafted > caccepted / cdrafted, string.format(
+      "the rule accepts more than the chain pick: %.3f vs %.3f", accepted / drafted, caccepted / cdrafted))
+    for pos = 2, 4 do
+      local x2, crit = chi2(plain[pos], rej[pos])
+      assert.is_true(x2 < crit, string.format("token %d: chi-square %.1f >= %.1f", pos, x2, crit))
+    end
+    local x2h, crith = chi2(plain[2], hot[2])
+    assert.is_true(x2h > crith, string.format("temperature 1.5 passes: chi-square %.1f < %.1f", x2h, crith))
+    wide:close()
+  end)
 end)

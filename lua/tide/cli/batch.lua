@@ -48,7 +48,8 @@ local M = {
     .. "                  [--budget N] [--max-running N] [--cache-pages N] [--threads N] [sampling defaults]\n"
     .. "A request line: {\"prompt\": TEXT | \"tokens\": [ids], \"max_tokens\": N, \"seed\": S, \"stop\": [...],\n"
     .. "  \"priority\": P, \"logprobs\": N | true, \"ignore_eos\": bool, \"id\": any, \"sampler\": FILE,\n"
-    .. "  \"draft\": N or {\"max\": N, \"policy\": NAME|FILE} (speculative decoding, as --draft),\n"
+    .. "  \"draft\": N or {\"max\": N, \"policy\": NAME|FILE, \"accept\": \"chain\"|\"rejection\"}\n"
+    .. "  (speculative decoding, as --draft),\n"
     .. "  and sampling options by their option names (\"temp\", \"top_k\", \"top_p\", \"min_p\", ...)}.\n"
     .. "A result line: {\"line\", \"id\", \"finish_reason\", \"text\", \"tokens\", \"prompt_tokens\",\n"
     .. "  \"completion_tokens\", \"ttft\", \"time\", \"tokens_per_second\", \"preemptions\", \"speculation\" (with\n"
@@ -101,7 +102,7 @@ M.encode = encode
 
 local RESULT_KEYS = { "line", "id", "finish_reason", "stop_string", "text", "tokens", "prompt_tokens",
   "completion_tokens", "ttft", "time", "tokens_per_second", "preemptions", "speculation", "logprobs", "error" }
-local SPEC_KEYS = { "max", "policy", "steps", "drafted", "accepted", "acceptance", "tokens_per_step" }
+local SPEC_KEYS = { "max", "policy", "accept", "steps", "drafted", "accepted", "acceptance", "tokens_per_step" }
 local LP_KEYS = { "token", "text", "logprob", "sampled_logprob", "top", "sampled_top" }
 local TOP_KEYS = { "id", "logprob" }
 
@@ -179,13 +180,13 @@ local function to_request(obj, defaults, sampler_cache, tokenizer)
         for dk, dv in pairs(v) do
           if dk == "max" then
             if not is_int(dv) then return nil, "field 'draft': max must be an integer" end
-          elseif dk == "policy" then
-            if type(dv) ~= "string" then return nil, "field 'draft': policy must be a string" end
+          elseif dk == "policy" or dk == "accept" then
+            if type(dv) ~= "string" then return nil, "field 'draft': " .. dk .. " must be a string" end
           else
-            return nil, "field 'draft': unknown field '" .. tostring(dk) .. "' (max, policy)"
+            return nil, "field 'draft': unknown field '" .. tostring(dk) .. "' (max, policy, accept)"
           end
         end
-        v = { max = v.max, policy = v.policy }
+        v = { max = v.max, policy = v.policy, accept = v.accept }
       elseif not is_int(v) then
         return nil, "field 'draft' must be an integer or {\"max\": N, \"policy\": NAME}"
       end

@@ -27,6 +27,10 @@ local spec = {
   load = { type = "string", meta = "PATH", help = "start from a saved session (/save)" },
   snapshots = { type = "number", meta = "N", default = 4, integer = true, min = 0,
     help = "cache snapshots kept per branch (undo/regen speed)" },
+  draft = { type = "number", meta = "N", integer = true, min = 0,
+    help = "speculative decoding: the MTP block drafts up to N tokens per step (same replies)" },
+  draft_policy = { type = "string", meta = "NAME|FILE",
+    help = "with --draft: fixed (default), adaptive or a Lua file" },
 }
 for k, v in pairs(sampling.options) do
   if not spec[k] and k ~= "n_probs" then spec[k] = v end
@@ -144,7 +148,8 @@ function M.run(argv)
     out:flush()
   end
   local function interrupt() return le ~= nil and le.interrupted() end
-  local sess_opts = { stream = write, interrupt = interrupt }
+  local draft = o.draft and o.draft > 0 and { max = o.draft, policy = o.draft_policy } or nil
+  local sess_opts = { stream = write, interrupt = interrupt, draft = draft }
 
   -- the sampler: a file, or the options given (only those that differ from
   -- the defaults are kept, so /set shows what was chosen)
@@ -163,7 +168,7 @@ function M.run(argv)
   else
     s, err = model:session{ system = o.system, sampler = o.sampler or sopts, seed = o.seed,
       max_tokens = o.n_predict or o.max_tokens, stop = o.stop, ignore_eos = o.ignore_eos, thinking = o.thinking,
-      snapshots = o.snapshots, trace = true, stream = write, interrupt = interrupt }
+      snapshots = o.snapshots, trace = true, stream = write, interrupt = interrupt, draft = draft }
     if not s then args.fail("chat: " .. tostring(err), 1) end
   end
   local branches, cur = { s }, 1
@@ -314,6 +319,11 @@ function M.run(argv)
     if st.last then
       say("last reply: %d tokens in %.2f s (%.2f tokens/s), %s", st.last.tokens, st.last.seconds, st.last.tokens_per_s,
         tostring(st.last.finish_reason))
+    end
+    local sp = st.speculation
+    if sp and sp.steps > 0 then
+      say("drafts (MTP, up to %d): %d drafted, %d accepted (%.1f%%), %.2f tokens per verify step", sp.max, sp.drafted,
+        sp.accepted, 100 * (sp.acceptance or 0), sp.tokens_per_step or 0)
     end
   end
   function cmd.history()

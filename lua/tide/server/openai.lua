@@ -71,7 +71,8 @@ local COMMON = {
   end,
   user = str, n_probs = int_in(0, 20), sampler = str, return_token_ids = bool, ignore_eos = bool,
   priority = function(v) if not is_num(v) then return "must be a number" end end,
-  -- speculative decoding per request (docs/speculative.md): k, or {max = k, policy = built-in name};
+  -- speculative decoding per request (docs/speculative.md): k, or {max = k, policy = built-in name,
+  -- accept = "chain" | "rejection"};
   -- 0 turns off the server's --draft default. A policy is never a file path here.
   draft = function(v)
     if is_int(v) then
@@ -86,8 +87,10 @@ local COMMON = {
         if not is_int(x) or x < 0 or x > M.MAX_DRAFT then return "max must be an integer in 0.." .. M.MAX_DRAFT end
       elseif k == "policy" then
         if x ~= "fixed" and x ~= "adaptive" then return "policy must be \"fixed\" or \"adaptive\"" end
+      elseif k == "accept" then
+        if x ~= "chain" and x ~= "rejection" then return "accept must be \"chain\" or \"rejection\"" end
       else
-        return "has an unknown field '" .. tostring(k) .. "' (max, policy)"
+        return "has an unknown field '" .. tostring(k) .. "' (max, policy, accept)"
       end
     end
     if v.max == nil then return "needs max" end
@@ -190,7 +193,7 @@ local function fill_line(body, ctx, ids, line)
   line.priority = val(body, "priority")
   line.n_probs = val(body, "n_probs")
   local d = val(body, "draft")
-  if type(d) == "table" then line.draft = { max = d.max, policy = d.policy } else line.draft = d end
+  if type(d) == "table" then line.draft = { max = d.max, policy = d.policy, accept = d.accept } else line.draft = d end
   -- sampler options: OpenAI names, then tide's own names
   local t = val(body, "temperature")
   if t ~= nil and val(body, "temp") ~= nil then return err(400, "give temperature or temp, not both", "temp") end
@@ -384,7 +387,7 @@ function M.usage(res)
     total_tokens = res.prompt_tokens + res.completion_tokens }
   local sp = res.speculation
   if sp then
-    u.speculation = { max = sp.max, policy = sp.policy, steps = sp.steps, drafted = sp.drafted,
+    u.speculation = { max = sp.max, policy = sp.policy, accept = sp.accept, steps = sp.steps, drafted = sp.drafted,
       accepted = sp.accepted, acceptance = sp.acceptance, tokens_per_step = sp.tokens_per_step }
   end
   return u
