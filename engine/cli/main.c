@@ -4,6 +4,7 @@
 #include <lauxlib.h>
 #include <lua.h>
 #include <lualib.h>
+#include <dlfcn.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,11 @@ void tide_cli_install_sigint(lua_State *L);
 #ifndef TIDE_LUA_DIR
 #define TIDE_LUA_DIR "lua"
 #endif
+/* How long idle OpenMP threads spin before they sleep (docs/design.md §6):
+ * libgomp reads GOMP_SPINCOUNT once, when it is loaded. lua/tide/ffi.lua sets
+ * it before it loads libtide (and with it libgomp); keep the two values equal. */
+#define TIDE_DEFAULT_SPINCOUNT "10000"
+
 #ifndef TIDE_LIB_PATH
 #define TIDE_LIB_PATH "libtide.so"
 #endif
@@ -40,7 +46,24 @@ static void prepend_path(lua_State *L, const char *field, const char *dirs) {
   lua_pop(L, 2);
 }
 
+/* Unless the user chose (OMP_WAIT_POLICY or GOMP_SPINCOUNT), give libgomp
+ * tide's spin count. When the executable was linked against libtide (some
+ * builds keep the link, e.g. with sanitizers), libgomp has already read its
+ * environment before main: then run this program again with the variable
+ * set, once (the variable is then set, so there is no loop). */
+static void set_spin_default(char **argv) {
+  const char *policy = getenv("OMP_WAIT_POLICY"), *spin = getenv("GOMP_SPINCOUNT");
+  if ((policy && *policy) || (spin && *spin)) return;
+  if (setenv("GOMP_SPINCOUNT", TIDE_DEFAULT_SPINCOUNT, 0) != 0) return;
+  void *gomp = dlopen("libgomp.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  if (!gomp) return; /* not loaded yet: lua/tide/ffi.lua loads it after this */
+  dlclose(gomp);
+  execv("/proc/self/exe", argv);
+  /* exec failed: go on with libgomp's own setting */
+}
+
 int main(int argc, char **argv) {
+  set_spin_default(argv);
   lua_State *L = luaL_newstate();
   if (!L) {
     fprintf(stderr, "tide: cannot create a Lua state (out of memory)\n");

@@ -43,7 +43,7 @@ M.lib_path = find_library()
 -- a scheduler time slice, and decode on 2 threads ran 3-5x slower than
 -- with short spins (docs/design.md, "Threads on a shared machine"). A user's
 -- OMP_WAIT_POLICY or GOMP_SPINCOUNT always wins.
-M.DEFAULT_SPINCOUNT = "10000"
+M.DEFAULT_SPINCOUNT = "10000" -- keep equal to TIDE_DEFAULT_SPINCOUNT in engine/cli/main.c
 if (os.getenv("OMP_WAIT_POLICY") or "") == "" and (os.getenv("GOMP_SPINCOUNT") or "") == "" then
   pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite);")
   pcall(function() ffi.C.setenv("GOMP_SPINCOUNT", M.DEFAULT_SPINCOUNT, 0) end)
