@@ -281,6 +281,24 @@ end
 --   info.sampled_logprob, info.sampled_top  the distribution after the whole
 --                                        chain, the one the token came from
 -- (top lists: N entries {id =, logprob =}, most likely first).
+-- what state:sample and state:chosen report for the token at position pos
+-- of the candidate set c: its probability, and the logprobs when asked for
+local function pick_info(self, row, c, pos, token)
+  local info = { n_candidates = c.n }
+  if c.has_p == 1 then info.p = c.p[pos] end
+  local n = self.logprobs
+  if n then
+    tffi.check(C.tide_cands_softmax(c))
+    info.p = c.p[pos]
+    info.sampled_logprob = c.logit[pos] - c.lse
+    local k = n > 0 and C.tide_cands_topn(c, n, self.lp_ids, self.lp_vals) or 0
+    info.sampled_top = top_list(self.lp_ids, self.lp_vals, k)
+    local raw = core.row_logprobs(row, token, n)
+    info.raw_logprob, info.raw_rank, info.raw_top = raw.logprob, raw.rank, raw.top
+  end
+  return info
+end
+
 function State:sample(row)
   if not tensor.is_tensor(row) then error("sample(row): row must be a tide tensor of f32 logits", 2) end
   local S = self.sampler
@@ -315,18 +333,7 @@ function State:sample(row)
   end
   local pos = c.selected
   local token = c.id[pos]
-  local info = { n_candidates = c.n }
-  if c.has_p == 1 then info.p = c.p[pos] end
-  local n = self.logprobs
-  if n then
-    tffi.check(C.tide_cands_softmax(c))
-    info.p = c.p[pos]
-    info.sampled_logprob = c.logit[pos] - c.lse
-    local k = n > 0 and C.tide_cands_topn(c, n, self.lp_ids, self.lp_vals) or 0
-    info.sampled_top = top_list(self.lp_ids, self.lp_vals, k)
-    local raw = core.row_logprobs(row, token, n)
-    info.raw_logprob, info.raw_rank, info.raw_top = raw.logprob, raw.rank, raw.top
-  end
+  local info = pick_info(self, row, c, pos, token)
   if tr then
     tr.token = token
     tr.p = info.p or (C.tide_cands_softmax(c) == 0 and c.p[pos]) or nil
@@ -389,18 +396,7 @@ end
 -- history is not touched (the caller accepts the token, as after sample).
 function State:chosen(row, c, pos)
   local token = c.id[pos]
-  local info = { n_candidates = c.n }
-  if c.has_p == 1 then info.p = c.p[pos] end
-  local n = self.logprobs
-  if n then
-    tffi.check(C.tide_cands_softmax(c))
-    info.p = c.p[pos]
-    info.sampled_logprob = c.logit[pos] - c.lse
-    local k = n > 0 and C.tide_cands_topn(c, n, self.lp_ids, self.lp_vals) or 0
-    info.sampled_top = top_list(self.lp_ids, self.lp_vals, k)
-    local raw = core.row_logprobs(row, token, n)
-    info.raw_logprob, info.raw_rank, info.raw_top = raw.logprob, raw.rank, raw.top
-  end
+  local info = pick_info(self, row, c, pos, token)
   self.n_sampled = self.n_sampled + 1
   return token, info
 end
