@@ -15,7 +15,10 @@
 -- a real context without prefilling 32K tokens first. --real-context
 -- prefills them instead (slow).
 -- --profile [B] instead times every C call of B-sequence decode steps
--- (default 1) and sums them per sub-layer (see profile below).
+-- (default 1) and sums them per sub-layer (see profile below), with the
+-- GFLOP/s of each product-bound sub-layer against the f32 FMA peak
+-- (tide_bench_fma_peak) and the step against its floor, max(bytes read /
+-- read bandwidth, multiply-adds / FMA peak), both measured in the same run.
 --   tide scripts/bench_model.lua [--quick] [--real-context] [--model DIR] [--threads N] [--profile [B]]
 local tide = require("tide")
 local ffi = require("ffi")
@@ -135,11 +138,48 @@ local function profile(B)
     pm:step(e)
   end
   for k = 1, 3 do step(k) end
+  -- the limits of this machine, measured now: f32 FMA throughput and read
+  -- bandwidth with the threads the steps use
+  local peak = realC.tide_bench_fma_peak(0.3, tide.threads())
+  local bw = realC.tide_bench_read_bw(256 * 1048576, 3, tide.threads())
   for key in pairs(acc) do acc[key], ncalls[key] = 0, 0 end
   local nt = opts.quick and 8 or 24
+  local st = ffi.new("tide_moe_stats")
+  local routed_rows, expert_bytes = 0, 0
   local a = tide.time()
-  for k = 1, nt do step(k + 3) end
+  for k = 1, nt do
+    step(k + 3)
+    for L = 0, net.n_layers - 1 do
+      realC.tide_moe_stats_get(net.layers[L].moe, st)
+      routed_rows, expert_bytes = routed_rows + tonumber(st.rows), expert_bytes + tonumber(st.weight_bytes)
+    end
+  end
   local total = tide.time() - a
+  -- multiply-adds per step (2 flops each) and weight bytes read per step of
+  -- the products; attention scores and the small ops are left out
+  local nbox, kbox, fbox = ffi.new("int64_t[1]"), ffi.new("int64_t[1]"), ffi.new("int[1]")
+  local function macs(l)
+    if not l then return 0 end
+    assert(realC.tide_linear_info(l, nbox, kbox, fbox) == 0)
+    return tonumber(nbox[0]) * tonumber(kbox[0])
+  end
+  local function wbytes(l) return l and tonumber(realC.tide_linear_weight_bytes(l)) or 0 end
+  local flops, wread = {}, 0
+  local function add(cat, l)
+    flops[cat] = (flops[cat] or 0) + 2 * B * macs(l)
+    wread = wread + wbytes(l)
+  end
+  for L = 0, net.n_layers - 1 do
+    local l = net.layers[L]
+    for _, h in ipairs({ l.wq_a, l.wkv, l.wq_b, l.wo_a, l.wo_b }) do add("attention projections", h) end
+    for _, h in ipairs({ l.c_wkv, l.c_wgate, l.ic_wkv, l.ic_wgate }) do add("compressors + indexer", h) end
+    wread = wread + wbytes(l.gate)
+  end
+  add("LM head", net.head)
+  -- routed experts: rows x (w1, w3: hidden -> inter; w2: inter -> hidden)
+  flops["MoE routed experts (+ gather, SwiGLU, combine)"] = 2 * 3 * cfg.hidden_size * cfg.moe_intermediate_size
+    * routed_rows / nt
+  wread = wread + expert_bytes / nt -- routed (active) + shared, as the block counts them
   -- the shared expert alone: its three products at B rows, as in the block
   local sh = 0
   if cfg.n_shared_experts > 0 then
@@ -165,6 +205,12 @@ local function profile(B)
       end
     end
     sh = (tide.time() - t0) / reps
+    for L = 0, net.n_layers - 1 do
+      for _, h in ipairs(lins[L]) do
+        flops["MoE shared expert (timed alone)"] = (flops["MoE shared expert (timed alone)"] or 0)
+          + 2 * B * tonumber(h.n) * tonumber(h.k)
+      end
+    end
     for L = 0, net.n_layers - 1 do for _, h in ipairs(lins[L]) do h:close() end end
   end
   local rows, csum = {}, 0
@@ -186,10 +232,27 @@ local function profile(B)
   print(string.format("decode profile: %d sequence(s) x 1 token per step, %d steps, %d threads: %.2f ms per step "
     .. "(%.1f tokens/s)", B, nt, tide.threads(), step_ms, B / (total / nt)))
   print("")
-  print("| sub-layer | ms per step | share |")
-  print("|---|---:|---:|")
+  print("| sub-layer | ms per step | share | GFLOP/s | of the FMA peak |")
+  print("|---|---:|---:|---:|---:|")
+  local fsum = 0
   for _, r in ipairs(rows) do
-    print(string.format("| %s | %.3f | %.1f%% |", r[1], r[2] * 1e3, 100 * r[2] * 1e3 / step_ms))
+    local f = flops[r[1]]
+    local rate = f and r[2] > 0 and f / r[2] / 1e9
+    fsum = fsum + (f or 0)
+    print(string.format("| %s | %.3f | %.1f%% | %s | %s |", r[1], r[2] * 1e3, 100 * r[2] * 1e3 / step_ms,
+      rate and string.format("%.1f", rate) or "", rate and string.format("%.0f%%", 100 * rate / peak) or ""))
+  end
+  local t_flop, t_bytes = fsum / (peak * 1e9), wread / (bw * 1e9)
+  print("")
+  print(string.format("limits measured in this run with %d thread(s): f32 FMA peak %.1f GFLOP/s, read bandwidth "
+    .. "%.1f GB/s", tide.threads(), peak, bw))
+  print(string.format("the step's products: %.2f GFLOP (%.1f ms at the FMA peak), %.0f MB of weights (%.1f ms at the "
+    .. "read bandwidth)", fsum / 1e9, t_flop * 1e3, wread / 1e6, t_bytes * 1e3))
+  print(string.format("floor max(%.1f, %.1f) = %.1f ms per step (%.1f tokens/s): this step takes %.2fx its floor",
+    t_flop * 1e3, t_bytes * 1e3, math.max(t_flop, t_bytes) * 1e3, B / math.max(t_flop, t_bytes),
+    (total / nt) / math.max(t_flop, t_bytes)))
+  if net.q8 then
+    print("(the q8 policy's int8 products do not run on f32 FMAs: the FMA floor does not bind them)")
   end
   for b = 1, B do seqs[b]:free() end
   pm:close()

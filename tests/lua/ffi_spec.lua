@@ -152,3 +152,18 @@ describe("ffi declarations", function()
     assert.equals(tide.version, ffi.string(C.tide_version()))
   end)
 end)
+
+describe("machine limits for benchmarks", function()
+  it("read bandwidth and f32 FMA peak are positive rates and leave the thread count alone", function()
+    local before = tide.threads()
+    local bw = C.tide_bench_read_bw(8 * 1048576, 1, 1)
+    local peak1 = C.tide_bench_fma_peak(0.03, 1)
+    local peak = C.tide_bench_fma_peak(0.03, 0)
+    assert.equals(before, tide.threads())
+    for _, v in ipairs({ bw, peak1, peak }) do
+      assert.is_true(v > 0.1 and v < 1e6, "rate " .. tostring(v))
+    end
+    -- a vector unit does 8 lanes per FMA: even a slow or busy core clears 1 GFLOP/s
+    if C.tide_kernels_avx2() ~= 0 then assert.is_true(peak1 > 1, "fma peak " .. peak1) end
+  end)
+end)

@@ -82,6 +82,12 @@ double tide_time(void);
  * 512 MiB). Used by benchmarks to report ratios taken in the same run. */
 double tide_bench_read_bw(int64_t bytes, int reps, int threads);
 
+/* Measure this machine's f32 multiply-add throughput in GFLOP/s (2 flops
+ * per FMA, every vector lane: 8 with AVX2, 1 without) with `threads`
+ * threads (<= 0: the current count) over about `seconds` (<= 0: 0.2): the
+ * FLOP roofline benchmarks take ratios against, measured in the same run. */
+double tide_bench_fma_peak(double seconds, int threads);
+
 /* An empty OpenMP parallel region, to measure its cost from benchmarks. */
 void tide_bench_empty_parallel(void);
 /* An FFI no-op, to measure the cost of one call from Lua. */
