@@ -352,6 +352,7 @@ static int64_t heap_select(const float *key, const int32_t *id, int64_t n, int64
 /* heap_select into pv->heap, with pv's scratch */
 static int pv_heap(tide_cands *c, const float *key, int64_t m, int64_t *got) {
   cpriv *pv = PRIV(c);
+  if (m > c->n) m = c->n; /* no more entries than candidates, whatever the caller asks */
   TIDE_CHECK(need(&pv->heap, (size_t)c->cap * 4, 0));
   TIDE_CHECK(grow(&pv->hents, &pv->hent_cap, m > 0 ? m : 1, sizeof(hent)));
   *got = heap_select(key, c->id, c->n, m, c->ascending, (hent *)pv->hents, pv->heap);

@@ -162,6 +162,14 @@ local function saved_values(self)
   return out
 end
 
+-- The most entries a top-N list may ask for (logprobs, n_probs, trace_top):
+-- more than any vocabulary in sight, and a bound on the buffers a state
+-- allocates for them (8 bytes each).
+M.MAX_TOP = 1048576
+function M.is_top_count(v)
+  return type(v) == "number" and v >= 0 and v <= M.MAX_TOP and v == math.floor(v)
+end
+
 -- sampler:new_state{seed = n (-1 or nil: random), logprobs = N, trace = bool,
 --                   trace_top = N, tokenizer = tok}
 -- trace_top = N (with trace) also records the N most likely candidates of
@@ -173,11 +181,11 @@ function Sampler:new_state(opts)
   if type(seed) ~= "number" and not ffi.istype("uint64_t", seed) then
     error("new_state: seed must be a number, got " .. type(seed), 2)
   end
-  if opts.logprobs ~= nil and (type(opts.logprobs) ~= "number" or opts.logprobs < 0) then
-    error("new_state: logprobs must be a number >= 0", 2)
+  if opts.logprobs ~= nil and not M.is_top_count(opts.logprobs) then
+    error("new_state: logprobs must be an integer in 0.." .. M.MAX_TOP .. ", got " .. tostring(opts.logprobs), 2)
   end
-  if opts.trace_top ~= nil and (type(opts.trace_top) ~= "number" or opts.trace_top < 0) then
-    error("new_state: trace_top must be a number >= 0", 2)
+  if opts.trace_top ~= nil and not M.is_top_count(opts.trace_top) then
+    error("new_state: trace_top must be an integer in 0.." .. M.MAX_TOP .. ", got " .. tostring(opts.trace_top), 2)
   end
   local st = setmetatable({
     sampler = self,
@@ -681,6 +689,9 @@ end
 function M.state_options(o)
   o = o or {}
   local n = opt(o, "n_probs")
+  if not M.is_top_count(n) then
+    error("--n-probs: expected an integer in 0.." .. M.MAX_TOP .. ", got " .. tostring(n), 0)
+  end
   return { seed = opt(o, "seed"), trace = o.trace or false, logprobs = n > 0 and n or nil }
 end
 

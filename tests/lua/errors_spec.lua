@@ -50,6 +50,19 @@ describe("bad sampler options", function()
     s, err = sampling.from_options({ logit_bias = { "15043*2" } })
     assert.is_nil(s)
     assert.equals("--logit-bias: expected TOKEN+BIAS or TOKEN-BIAS, got '15043*2'", err)
+    -- top-N lists: an integer up to sampling.MAX_TOP, so no option sizes a
+    -- buffer of gigabytes (the sampler fuzzer found --n-probs 23e7)
+    for _, v in ipairs({ 23e7, 2.5, -1 }) do
+      local ok, e = pcall(sampling.state_options, { n_probs = v })
+      assert.is_false(ok)
+      assert.equals("--n-probs: expected an integer in 0..1048576, got " .. tostring(v), e)
+    end
+    assert.equals(1048576, sampling.state_options({ n_probs = 1048576 }).logprobs)
+    local chain = assert(sampling.from_options({}))
+    assert.has_error(function() chain:new_state({ logprobs = 2 ^ 40 }) end,
+      "new_state: logprobs must be an integer in 0..1048576, got 1099511627776")
+    assert.has_error(function() chain:new_state({ trace = true, trace_top = 1.5 }) end,
+      "new_state: trace_top must be an integer in 0..1048576, got 1.5")
   end)
 
   it("from the command line: status 2 for a malformed option, 1 for a refused value", function()

@@ -155,6 +155,9 @@ local function to_request(obj, defaults, sampler_cache, tokenizer)
       if type(v) ~= "string" then return nil, "field '" .. k .. "' must be a string" end
     elseif kind == "int" then
       if not is_int(v) then return nil, "field '" .. k .. "' must be an integer" end
+      if k == "n_probs" and not sampling.is_top_count(v) then
+        return nil, "field 'n_probs' must be an integer in 0.." .. sampling.MAX_TOP
+      end
     elseif kind == "number" then
       if type(v) ~= "number" then return nil, "field '" .. k .. "' must be a number" end
     elseif kind == "boolean" then
@@ -170,8 +173,8 @@ local function to_request(obj, defaults, sampler_cache, tokenizer)
         if type(s) ~= "string" and not is_int(s) then return nil, "field 'stop' must hold strings or token ids" end
       end
     elseif kind == "logprobs" then
-      if type(v) ~= "boolean" and not is_int(v) then
-        return nil, "field 'logprobs' must be true, false or an integer"
+      if type(v) ~= "boolean" and not (is_int(v) and sampling.is_top_count(v)) then
+        return nil, "field 'logprobs' must be true, false or an integer in 0.." .. sampling.MAX_TOP
       end
     elseif kind == "draft" then
       -- N, or {"max": N, "policy": NAME} (tide.speculate.parse checks the values at submit)
