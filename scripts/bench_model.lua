@@ -278,7 +278,9 @@ print(string.format("bench_model: %s, %d layers (ratios %s), d %d, %d experts (k
   cfg.num_experts_per_tok, cfg.vocab_size, ckbytes / 1e9, tide.threads(), t_load, m.net.q8 or "off"))
 
 local bw = C.tide_bench_read_bw(512 * 1024 * 1024, 5, tide.threads())
-print(string.format("read bandwidth (%d threads, measured now): %.1f GB/s", tide.threads(), bw))
+local fma_peak = C.tide_bench_fma_peak(0.5, tide.threads())
+print(string.format("read bandwidth (%d threads, measured now): %.1f GB/s; f32 FMA peak: %.1f GFLOP/s", tide.threads(),
+  bw, fma_peak))
 
 local V = cfg.vocab_size
 local function toks(n, seed)
@@ -297,6 +299,25 @@ for r = 1, opts.quick and 2 or 3 do
   s:free()
 end
 local prefill_tps = median(pre)
+-- a prompt token's products (2 flops per multiply-add): the attention and
+-- compressor projections, the shared expert and its routed experts (the
+-- head runs for the last token only; attention scores are left out)
+local prefill_flops
+do
+  local nb, kb, fb = ffi.new("int64_t[1]"), ffi.new("int64_t[1]"), ffi.new("int[1]")
+  local f = 0
+  for L = 0, m.net.n_layers - 1 do
+    local l = m.net.layers[L]
+    for _, h in ipairs({ l.wq_a, l.wkv, l.wq_b, l.wo_a, l.wo_b, l.c_wkv, l.c_wgate, l.ic_wkv, l.ic_wgate }) do
+      if h then
+        assert(C.tide_linear_info(h, nb, kb, fb) == 0)
+        f = f + 2 * tonumber(nb[0]) * tonumber(kb[0])
+      end
+    end
+  end
+  local ex = 2 * 3 * cfg.hidden_size * cfg.moe_intermediate_size
+  prefill_flops = f + m.net.n_layers * ex * (cfg.num_experts_per_tok + (cfg.n_shared_experts or 0))
+end
 
 -- ---- bytes a decode step reads
 local net = m.net
@@ -411,8 +432,9 @@ end
 print()
 print("| measurement | value | note |")
 print("|---|---:|---|")
-print(string.format("| prefill, 512-token prompt | %.1f tokens/s | median of %d, steps of 512 tokens |",
-  prefill_tps, #pre))
+print(string.format("| prefill, 512-token prompt | %.1f tokens/s | median of %d, steps of 512 tokens; %.2f GFLOP of "
+  .. "products per token, %.0f%% of the f32 FMA peak (%.1f tokens/s at the peak) |", prefill_tps, #pre,
+  prefill_flops / 1e9, 100 * prefill_tps * prefill_flops / (fma_peak * 1e9), fma_peak * 1e9 / prefill_flops))
 for _, r in ipairs(rows) do
   print(string.format("| decode at context %s | %.2f tokens/s (%.1f ms) | reads %.0f MB weights + %.2f MB KV "
     .. "per token; %.0f%% of the bandwidth roofline |", r.ctx >= 1024 and (math.floor(r.ctx / 1024) .. "K")
