@@ -68,6 +68,12 @@ void tide_linear_avx2_rows(const struct tide_linear *l, int64_t r0, int64_t nr, 
  * Not thread-safe against forwards. */
 void tide_linear_avx2_fused_tune(int fmt, int *max_m, int *pass);
 
+/* Hook for benchmarks and tests: the row-pair MXFP4 kernel for M <= 2
+ * (mxp_rows in linear_avx2.c) on (1) or off (0; the vpermps kernels run
+ * instead); other values keep the setting. Returns the previous one. The
+ * results do not change. Not thread-safe against forwards. */
+int tide_linear_avx2_mxp(int on);
+
 /* The fused kernels for M <= 8 (decode in registers, no panel) work on
  * groups of rows; this is what a call shares with each group. */
 typedef struct tide_fused_ctx {

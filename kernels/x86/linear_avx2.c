@@ -308,7 +308,15 @@ static inline __m256 mx_table(uint8_t sc) {
  * instructions at M = 1). Filled once. */
 enum { MX_LUT_LO = 2, MX_LUT_HI = 252 };
 static _Alignas(32) float mx_lut[256][8];
-static pthread_once_t mx_lut_once = PTHREAD_ONCE_INIT;
+static pthread_once_t mx_lut_once = PTHREAD_ONCE_INIT, mxp_once = PTHREAD_ONCE_INIT;
+/* the row-pair MXFP4 kernel (mxp_rows) on or off (tide_linear_avx2_mxp) */
+static int mxp_on = 1;
+
+int tide_linear_avx2_mxp(int on) {
+  const int old = mxp_on;
+  if (on == 0 || on == 1) mxp_on = on;
+  return old;
+}
 
 static void mx_lut_fill(void) {
   for (int sc = MX_LUT_LO; sc <= MX_LUT_HI; sc++) _mm256_store_ps(mx_lut[sc], mx_table((uint8_t)sc));
@@ -414,6 +422,162 @@ static inline __attribute__((always_inline)) void fused_rows(const int MR, const
 #pragma GCC unroll 8
     for (int r = 0; r < RR; r++) tide_linear_store(&y[i * ldy + r], hsum8(acc[i][r]), flags);
 }
+
+/* MXFP4 by byte tables, two weight rows per vector ("row pairs").
+ *
+ * A row's 32-column block is 16 bytes; rows r and r + 1 go into the two
+ * 128-bit halves of one register, their low nibbles (even columns) and high
+ * nibbles (odd columns) apart. Every e2m1 code times a scale 2^(sc - 127)
+ * is exactly a bf16, so two vpshufb per nibble vector look up its high and
+ * low bytes in 16-entry tables for the half's scale (mxp_hi, mxp_lo), two
+ * byte unpacks make bf16 words and two word unpacks with zero the f32
+ * values: 19 shuffle-port operations per 64 weights where the vpermps
+ * decoder needs 24 (and a broadcast) per 64.
+ *
+ * The f32 vectors come out as [r: c, c+2, c+4, c+6 | r+1: the same] for
+ * c = 8j (even) and 8j + 1 (odd), j = 0..3 in the block: each lane keeps one
+ * row's one residue class of k mod 8, visited in increasing k, so two
+ * accumulators per row pair and row of x hold exactly the eight lanes of the
+ * invariant dot form (lane q: fmaf over k = q mod 8 in increasing k), and
+ * the end sums them as hsum8 does: bitwise the same results. x is read
+ * through a copy in the same lane order, 2K floats per row (xp). A block
+ * with a scale outside [MX_LUT_LO, MX_LUT_HI] (NaN, subnormal or overflowing
+ * products) goes through tide_dequant_block as fused_slow does. */
+enum { MXP_MAX_K = 8192, MXP_MAX_M = 2 };
+static _Alignas(16) uint8_t mxp_hi[256][16], mxp_lo[256][16];
+
+static void mxp_fill(void) {
+  for (int sc = MX_LUT_LO; sc <= MX_LUT_HI; sc++)
+    for (int c = 0; c < 16; c++) {
+      uint32_t u;
+      memcpy(&u, &mx_lut[sc][c & 7], 4);
+      u &= 0x7fffffffu; /* mx_lut holds the magnitude xor-ed with (c & 7) << 28 */
+      u ^= (uint32_t)(c & 7) << 28;
+      if (c & 8) u |= 0x80000000u;
+      mxp_hi[sc][c] = (uint8_t)(u >> 24);
+      mxp_lo[sc][c] = (uint8_t)(u >> 16);
+    }
+}
+
+/* x rows [0, m) in the row-pair lane order: per 8 columns, the even ones
+ * twice, then the odd ones twice */
+static void mxp_permute(const float *x, int64_t ldx, int m, int64_t K, float *xp) {
+  for (int i = 0; i < m; i++)
+    for (int64_t j = 0; j < K / 8; j++) {
+      const float *a = x + i * ldx + 8 * j;
+      float *o = xp + i * 2 * K + 16 * j;
+      for (int q = 0; q < 4; q++) {
+        o[q] = o[4 + q] = a[2 * q];
+        o[8 + q] = o[12 + q] = a[2 * q + 1];
+      }
+    }
+}
+
+static inline float mxp_sum(const float *e, const float *o) {
+  /* e: classes 0, 2, 4, 6; o: 1, 3, 5, 7; the hsum8 order */
+  return ((e[0] + e[2]) + (e[1] + e[3])) + ((o[0] + o[2]) + (o[1] + o[3]));
+}
+
+/* rows [n, n + 2 RP) for MR rows of x (xp: mxp_permute's copy) */
+static inline __attribute__((always_inline)) void mxp_rows(const int MR, const int RP, const struct tide_linear *l,
+                                                           int64_t n, const float *xp, float *y, int64_t ldy,
+                                                           int flags) {
+  const int64_t K = l->k, rb = l->view.row_bytes, sl = l->view.s_ld;
+  const uint8_t *w0 = l->view.w + n * rb, *s0 = l->view.s + n * sl;
+  const __m256i m4 = _mm256_set1_epi8(0x0f), z = _mm256_setzero_si256();
+  __m256 ae[MXP_MAX_M][2], ao[MXP_MAX_M][2];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; i++)
+#pragma GCC unroll 2
+    for (int p = 0; p < RP; p++) ae[i][p] = ao[i][p] = _mm256_setzero_ps();
+  for (int64_t k0 = 0; k0 < K; k0 += 32) {
+    const int64_t kb = k0 / 32;
+    if ((k0 & 127) == 0) { /* the next group's rows, 128 columns on */
+#pragma GCC unroll 4
+      for (int r = 0; r < 2 * RP; r++) _mm_prefetch((const char *)(w0 + (2 * RP + r) * rb + k0 / 2), _MM_HINT_T0);
+    }
+    int odd = 0;
+#pragma GCC unroll 4
+    for (int r = 0; r < 2 * RP; r++) {
+      const uint8_t sc = s0[r * sl + kb];
+      odd |= sc < MX_LUT_LO || sc > MX_LUT_HI;
+    }
+    const float *xk = xp + 2 * k0;
+    if (__builtin_expect(odd, 0)) {
+      _Alignas(32) float buf[4][40];
+      tide_dequant_block(&buf[0][0], 40, &l->view, n, 2 * RP, k0, 32, 32, &tide_dequant_avx2);
+      for (int p = 0; p < RP; p++)
+        for (int j = 0; j < 4; j++) {
+          _Alignas(32) float ve[8], vo[8];
+          for (int q = 0; q < 4; q++) {
+            ve[q] = buf[2 * p][8 * j + 2 * q];
+            ve[4 + q] = buf[2 * p + 1][8 * j + 2 * q];
+            vo[q] = buf[2 * p][8 * j + 2 * q + 1];
+            vo[4 + q] = buf[2 * p + 1][8 * j + 2 * q + 1];
+          }
+          for (int i = 0; i < MR; i++) {
+            const float *xi = xk + i * 2 * K + 16 * j;
+            ae[i][p] = _mm256_fmadd_ps(_mm256_loadu_ps(xi), _mm256_load_ps(ve), ae[i][p]);
+            ao[i][p] = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 8), _mm256_load_ps(vo), ao[i][p]);
+          }
+        }
+      continue;
+    }
+#pragma GCC unroll 2
+    for (int p = 0; p < RP; p++) {
+      const uint8_t *a = w0 + 2 * p * rb + k0 / 2;
+      const uint8_t sa = s0[2 * p * sl + kb], sb = s0[(2 * p + 1) * sl + kb];
+      const __m256i v = _mm256_loadu2_m128i((const __m128i *)(a + rb), (const __m128i *)a);
+      const __m256i th = _mm256_loadu2_m128i((const __m128i *)mxp_hi[sb], (const __m128i *)mxp_hi[sa]);
+      const __m256i tl = _mm256_loadu2_m128i((const __m128i *)mxp_lo[sb], (const __m128i *)mxp_lo[sa]);
+      const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+      const __m256i he = _mm256_shuffle_epi8(th, lo), le = _mm256_shuffle_epi8(tl, lo);
+      const __m256i ho = _mm256_shuffle_epi8(th, hi), lq = _mm256_shuffle_epi8(tl, hi);
+      const __m256i wea = _mm256_unpacklo_epi8(le, he), web = _mm256_unpackhi_epi8(le, he);
+      const __m256i woa = _mm256_unpacklo_epi8(lq, ho), wob = _mm256_unpackhi_epi8(lq, ho);
+      const __m256 e[4] = {_mm256_castsi256_ps(_mm256_unpacklo_epi16(z, wea)),
+                           _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, wea)),
+                           _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, web)),
+                           _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, web))};
+      const __m256 o[4] = {_mm256_castsi256_ps(_mm256_unpacklo_epi16(z, woa)),
+                           _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, woa)),
+                           _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, wob)),
+                           _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, wob))};
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; j++)
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; i++) {
+          const float *xi = xk + i * 2 * K + 16 * j;
+          ae[i][p] = _mm256_fmadd_ps(_mm256_loadu_ps(xi), e[j], ae[i][p]);
+          ao[i][p] = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 8), o[j], ao[i][p]);
+        }
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; i++)
+#pragma GCC unroll 2
+    for (int p = 0; p < RP; p++) {
+      _Alignas(32) float e[8], o[8];
+      _mm256_store_ps(e, ae[i][p]);
+      _mm256_store_ps(o, ao[i][p]);
+      tide_linear_store(&y[i * ldy + 2 * p], mxp_sum(e, o), flags);
+      tide_linear_store(&y[i * ldy + 2 * p + 1], mxp_sum(e + 4, o + 4), flags);
+    }
+}
+
+#define MXP(mr, rp)                                                                                        \
+  static void mxp_##mr##_##rp(const struct tide_linear *l, int64_t n, const float *xp, float *y, int64_t ldy, \
+                              int flags) {                                                                  \
+    mxp_rows(mr, rp, l, n, xp, y, ldy, flags);                                                               \
+  }
+MXP(1, 2) MXP(2, 2)
+#undef MXP
+typedef void (*mxp_fn)(const struct tide_linear *l, int64_t n, const float *xp, float *y, int64_t ldy, int flags);
+/* [M - 1]: row pairs per group (4 or 8 accumulators), and the kernel. At
+ * M = 3 and 4 (one or two pairs) it measured no faster than the vpermps
+ * kernels, whose decode is already shared by the rows of x. */
+static const int mxp_rp[MXP_MAX_M] = {2, 2};
+static const mxp_fn mxp_tab[MXP_MAX_M] = {mxp_1_2, mxp_2_2};
 
 typedef void (*fused_fn)(const struct tide_linear *l, int64_t n, const float *x, int64_t ldx, float *y, int64_t ldy,
                          int flags, const fused_ctx *ctx);
@@ -551,7 +715,10 @@ void tide_linear_avx2_fused_tune(int fmt, int *max_m, int *pass) {
 static void fused_gemv(const struct tide_linear *l, int64_t r0, int64_t nr, const float *x, int64_t ldx, float *y,
                        int64_t ldy, int64_t m, int flags) {
   const fused_fn *tab = fused_tab[l->fmt][(m <= FUSED_MAX_M ? m : 1) - 1];
-  if (l->fmt == TIDE_W_MXFP4) pthread_once(&mx_lut_once, mx_lut_fill);
+  if (l->fmt == TIDE_W_MXFP4) {
+    pthread_once(&mx_lut_once, mx_lut_fill);
+    pthread_once(&mxp_once, mxp_fill);
+  }
   const int64_t K = l->k;
   fused_ctx ctx = {NULL, NULL, !(_mm_getcsr() & 0x0040)}; /* MXCSR.DAZ would zero the f32 subnormal patterns */
   const int bias = ctx.pat ? 7 : 119;
@@ -575,8 +742,17 @@ static void fused_gemv(const struct tide_linear *l, int64_t r0, int64_t nr, cons
 #ifdef TIDE_HAVE_AVX512
   if (tide_linear_avx512_ready()) zg = tide_linear_avx512_group(l->fmt, m, ctx.pat, &zf);
 #endif
+  /* MXFP4 at M <= MXP_MAX_M: groups of row pairs through mxp_rows */
+  const int mxp = l->fmt == TIDE_W_MXFP4 && m <= MXP_MAX_M && !zg && K <= MXP_MAX_K && K % 32 == 0 && mxp_on;
+  float xpbuf[mxp ? 2 * K * m : 1];
+  if (mxp) mxp_permute(x, ldx, (int)m, K, xpbuf);
   int64_t blk = -1, sblk = -1;
   for (int64_t n = r0; n < r0 + nr;) {
+    if (mxp && r0 + nr - n >= 2 * mxp_rp[m - 1]) {
+      mxp_tab[m - 1](l, n, xpbuf, y + (n - r0), ldy, flags);
+      n += 2 * mxp_rp[m - 1];
+      continue;
+    }
     if (l->fmt == TIDE_W_FP8 && n / 128 != sblk) {
       sblk = n / 128;
       fp8_scan(l, sblk);

@@ -378,7 +378,8 @@ static void extreme_values(void) {
   v = one_product(0x7e, 140, 1.0f); /* 448 * 2^13 */
   TT_CHECK(v == 448.0f * 0x1p13f, "scale 2^13: %a, expected 448 * 2^13", v);
 
-  static const uint8_t scales[] = {0, 1, 2, 5, 60, 100, 110, 115, 118, 119, 120, 200, 235, 238, 240, 245, 246, 247, 250, 252, 253, 254};
+  static const uint8_t scales[] = {0,   1,   2,   5,   60,  100, 110, 115, 118, 119, 120, 200,
+                                   235, 238, 240, 245, 246, 247, 250, 252, 253, 254, 255};
   const int64_t N = 260, K = 640, M = 6;
   for (int fmt = TIDE_W_FP8; fmt <= TIDE_W_MXFP4; fmt++) {
     weight q;
@@ -406,14 +407,29 @@ static void extreme_values(void) {
     TT_OK(tide_linear_forward_ex(q.l, &y, &x, 0));
     tide_linear_dot_rows(q.l, 0, N, xp, K, yd.data, N, M, 0);
     if (tide_kernels_avx2()) TT_CHECK(same_or_nan(y.data, yd.data, M * N), "%s: batch differs from the model", fmt_name[fmt]);
-    for (int64_t i = 0; i < M; i++) {
-      tide_tensor xi = {0};
-      TT_OK(tide_tensor_narrow(&xi, &x, 0, i, 1));
-      TT_OK(tide_linear_forward_ex(q.l, &y1, &xi, 0));
-      TT_CHECK(same_or_nan(y1.data, (float *)y.data + i * N, N), "%s row %lld: alone differs from the batch",
-               fmt_name[fmt], (long long)i);
-      tide_tensor_release(&xi);
+    /* one row and two rows of x alone (MXFP4: the row-pair kernel, then the vpermps one) */
+    for (int pairs = 1; pairs >= (fmt == TIDE_W_MXFP4 && tide_kernels_avx2() ? 0 : 1); pairs--) {
+      if (tide_kernels_avx2()) tide_linear_avx2_mxp(pairs);
+      for (int64_t i = 0; i < M; i++) {
+        tide_tensor xi = {0};
+        TT_OK(tide_tensor_narrow(&xi, &x, 0, i, 1));
+        TT_OK(tide_linear_forward_ex(q.l, &y1, &xi, 0));
+        TT_CHECK(same_or_nan(y1.data, (float *)y.data + i * N, N), "%s row %lld (pairs %d): alone differs from the batch",
+                 fmt_name[fmt], (long long)i, pairs);
+        tide_tensor_release(&xi);
+      }
+      for (int64_t i = 0; i + 2 <= M; i += 2) {
+        tide_tensor xi = {0}, y2 = {0};
+        TT_OK(tide_tensor_narrow(&xi, &x, 0, i, 2));
+        y_make(&y2, 2, N);
+        TT_OK(tide_linear_forward_ex(q.l, &y2, &xi, 0));
+        TT_CHECK(same_or_nan(y2.data, (float *)y.data + i * N, 2 * N), "%s rows %lld, %lld (pairs %d): differ from the batch",
+                 fmt_name[fmt], (long long)i, (long long)i + 1, pairs);
+        tide_tensor_release(&xi);
+        tide_tensor_release(&y2);
+      }
     }
+    if (tide_kernels_avx2()) tide_linear_avx2_mxp(1);
     tide_tensor_release(&x);
     tide_tensor_release(&y);
     tide_tensor_release(&y1);
@@ -692,6 +708,13 @@ static void fused_every_m(void) {
           int tm = cfgs[ci][0] < 0 ? def_m : cfgs[ci][0], tp = cfgs[ci][1] < 0 ? def_p : cfgs[ci][1];
           tide_linear_avx2_fused_tune(cases[c].fmt, &tm, &tp);
           check_against(&q, &x, &yd, big ? "large x" : "fused/panels", ci);
+        }
+        if (cases[c].fmt == TIDE_W_MXFP4 && M <= 2) { /* the vpermps kernels where the row pairs run */
+          int tm = def_m, tp = def_p;
+          tide_linear_avx2_fused_tune(cases[c].fmt, &tm, &tp);
+          tide_linear_avx2_mxp(0);
+          check_against(&q, &x, &yd, big ? "large x, no row pairs" : "no row pairs", 0);
+          tide_linear_avx2_mxp(1);
         }
         int tm = def_m, tp = def_p;
         tide_linear_avx2_fused_tune(cases[c].fmt, &tm, &tp);
