@@ -842,9 +842,20 @@ static int parse_added(load_ctx *L, const cJSON *arr) {
 
 /* Per-id tables, the text map and the added-token tries, once the model and
  * the added tokens are known. */
+/* The per-id tables are sized by the largest id; ids this far beyond the
+ * number of tokens defined would only size tables of unused entries (an
+ * added token with id 444444197 asked for 7.5 GB). */
+enum { TOK_ID_SLACK = 1 << 20 };
+
 static int build_tables(load_ctx *L, const tok_map *model_text) {
   tide_tokenizer *t = L->t;
   size_t n = (size_t)t->n_ids;
+  const size_t defined = (size_t)model_text->n + (size_t)t->n_added;
+  if (n > defined + TOK_ID_SLACK)
+    return FIELD_ERR(TIDE_E_FORMAT,
+                     "%s: token ids reach %zu but only %zu tokens are defined (vocab and added_tokens): more than %d "
+                     "ids would be unused",
+                     L->path, n - 1, defined, TOK_ID_SLACK);
   t->text_off = tide_xmalloc(n * 4);
   t->text_len = tide_xmalloc(n * 4);
   t->dec_off = tide_xmalloc(n * 4);

@@ -707,6 +707,11 @@ static void bad_files(void) {
        TIDE_E_FORMAT, "added_tokens[0]"},
       {"unk", "{\"model\": {\"type\": \"BPE\", \"unk_token\": \"<unk>\", \"vocab\": {}, \"merges\": []}}", TIDE_E_FORMAT,
        "model.unk_token"},
+      /* ids far beyond the tokens defined would size gigabytes of unused table entries (found by fuzz_tokenizer_load) */
+      {"sparseadded", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, \"added_tokens\": [{\"id\": 444444197, \"content\": \"<x>\"}]}",
+       TIDE_E_FORMAT, "token ids reach 444444197 but only 2 tokens are defined"},
+      {"sparsevocab", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 2000000000}, \"merges\": []}}",
+       TIDE_E_FORMAT, "token ids reach 2000000000"},
   };
   tide_alloc_stats before, after;
   tide_alloc_stats_get(&before);
