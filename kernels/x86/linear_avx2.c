@@ -449,9 +449,8 @@ static _Alignas(16) uint8_t mxp_hi[256][16], mxp_lo[256][16];
 static void mxp_fill(void) {
   for (int sc = MX_LUT_LO; sc <= MX_LUT_HI; sc++)
     for (int c = 0; c < 16; c++) {
-      uint32_t u;
+      uint32_t u; /* mx_lut holds magnitude x scale xor-ed with (c & 7) << 28: undo that, add the sign */
       memcpy(&u, &mx_lut[sc][c & 7], 4);
-      u &= 0x7fffffffu; /* mx_lut holds the magnitude xor-ed with (c & 7) << 28 */
       u ^= (uint32_t)(c & 7) << 28;
       if (c & 8) u |= 0x80000000u;
       mxp_hi[sc][c] = (uint8_t)(u >> 24);
